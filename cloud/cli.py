@@ -1,0 +1,51 @@
+"""The `strata` command line: one parser; each tier registers its own commands from its own package.
+
+Building the parser imports no heavy library: every command imports what it needs when it runs,
+so `strata edge run` works with only the ``[edge]`` extra installed, and a missing extra prints an
+install hint and exits 2 instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from device import StrataError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the full `strata` parser with every tier's commands registered."""
+    from cloud import _cli as cloud_cli
+    from device import _cli as device_cli
+    from edge import _cli as edge_cli
+    from functions import _cli as functions_cli
+    from infra import _cli as infra_cli
+
+    parser = argparse.ArgumentParser(
+        prog="strata",
+        description="Train RL policies in the cloud, run them at the edge. "
+        "Start with `strata demo`; every command has --help.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for tier in (cloud_cli, device_cli, edge_cli, functions_cli, infra_cli):
+        tier.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except StrataError as exc:
+        print(f"strata {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"strata {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+"""strata's edge tier: the edge agent, its MQTT link, policy cache, simulators and telemetry."""
+
+__all__: list[str] = []

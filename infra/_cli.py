@@ -1,0 +1,9 @@
+"""Infra-tier commands."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the infra tier's commands to the root parser."""

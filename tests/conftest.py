@@ -1,0 +1,66 @@
+"""Fixtures shared by every tier's tests: real services on loopback and a clean environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from tests._services import Mosquitto, MotoServer
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Drop AWS_* and MQTT_* variables inherited from the caller, so no test reaches a real account."""
+    for name in list(os.environ):
+        if name.startswith(("AWS_", "MQTT_", "STRATA_")) and name != "STRATA_AWS_SMOKE":
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(scope="session")
+def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
+    """One anonymous Mosquitto broker for the whole test session."""
+    broker = Mosquitto(tmp_path_factory.mktemp("mosquitto")).start()
+    yield broker
+    broker.stop()
+
+
+MosquittoFactory = Callable[..., Mosquitto]
+
+
+@pytest.fixture
+def mosquitto_factory(tmp_path: Path) -> Iterator[MosquittoFactory]:
+    """Start brokers of a test's own (passwords, ACLs, persistence); all are stopped afterwards."""
+    started: list[Mosquitto] = []
+
+    def start(extra_config: Sequence[str] = (), *, anonymous: bool = True) -> Mosquitto:
+        broker = Mosquitto(tmp_path / f"broker{len(started)}", extra_config, anonymous=anonymous).start()
+        started.append(broker)
+        return broker
+
+    yield start
+    for broker in started:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoServer]:
+    """One moto server over HTTP on loopback for the whole session."""
+    server = MotoServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def aws_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> MotoServer:
+    """Point boto3 at the moto server with dummy credentials; the server is reset first."""
+    moto_server.reset()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    return moto_server

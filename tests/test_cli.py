@@ -1,0 +1,54 @@
+"""The CLI as a whole: every command has useful --help, bad flags and missing extras fail clearly."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from cloud.cli import build_parser
+from tests._cli import run_strata
+
+
+def leaf_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        return [prefix]
+    found: list[tuple[str, ...]] = []
+    for name, child in subs[0].choices.items():
+        found += leaf_commands(child, (*prefix, name))
+    return found
+
+
+COMMANDS = leaf_commands(build_parser())
+
+
+def test_there_are_commands() -> None:
+    assert ("demo",) in COMMANDS
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_command_has_help(command: tuple[str, ...]) -> None:
+    result = run_strata(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage: strata " + " ".join(command) in result.stdout
+    # Useful help: the command describes itself and documents every option it takes.
+    assert len(result.stdout.splitlines()) >= 3
+
+
+def test_unknown_flag_names_the_flag() -> None:
+    result = run_strata("demo", "--no-such-flag")
+    assert result.returncode == 2
+    assert "unrecognized arguments: --no-such-flag" in result.stderr
+
+
+def test_missing_extra_prints_install_hint_not_traceback() -> None:
+    # Make gymnasium unimportable, as on a machine without the extra, then run the demo.
+    code = ("import sys; sys.modules['gymnasium'] = None; from cloud.cli import main; "
+            "sys.exit(main(['demo', '--out', sys.argv[1]]))")
+    result = subprocess.run([sys.executable, "-c", code, "unused-out"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "pip install 'strata[cloud]'" in result.stderr
+    assert "Traceback" not in result.stderr
