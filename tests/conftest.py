@@ -64,3 +64,10 @@ def aws_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> MotoSer
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     return moto_server
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A run that collected nothing is a failure, never pytest's quiet exit code 5."""
+    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        print("\nstrata: no tests were collected; check the paths and -m/-k filters", flush=True)
