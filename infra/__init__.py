@@ -1,3 +1,5 @@
 """strata's infra tier: plan, apply and destroy of the AWS resources strata runs on."""
 
-__all__: list[str] = []
+from infra._errors import FunctionNotFoundError, InfraError, PayloadTooLargeError, ThrottledError
+
+__all__ = ["FunctionNotFoundError", "InfraError", "PayloadTooLargeError", "ThrottledError"]

@@ -1,0 +1,231 @@
+"""The one module that wraps boto3: client construction and a Lambda invoker with honest retries.
+
+Every AWS call strata makes goes through `client()`, so endpoint overrides, timeouts and retry policy
+are decided in one place (Chalice's `TypedAWSClient` is the model). botocore itself honours
+``AWS_ENDPOINT_URL`` and the per-service ``AWS_ENDPOINT_URL_<SERVICE>`` variables (e.g.
+``AWS_ENDPOINT_URL_LAMBDA`` pointing at `strata functions serve` while S3 goes to moto), so nothing
+here reads them; an explicit ``endpoint_url`` wins over both.
+
+`LambdaInvoker` is the Invoke path shared by the local function runtime and AWS Lambda:
+
+    invoke(name, payload) ─> one HTTP request (SDK retries off) ─> 2xx: typed `InvokeResult`
+                                   │ 429 / 5xx / connect failure: strata's own backoff, then again
+                                   └ ResourceNotFound / RequestTooLarge / other 4xx: typed `InfraError`
+
+The SDK's own retries are off for Invoke because boto3's defaults replay a slow invocation up to 5
+times (legacy mode) and each replay runs the function again; strata retries only errors where the
+function did not run to a result, and its callers de-duplicate results by rollout id anyway.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from infra._errors import FunctionNotFoundError, InfraError, PayloadTooLargeError, ThrottledError
+
+_EXTRA = "infra"
+
+#: Lambda's longest function timeout, seconds.
+LAMBDA_MAX_TIMEOUT_S = 900.0
+
+InvocationType = str  # "RequestResponse" | "Event" | "DryRun"
+_INVOCATION_TYPES = ("RequestResponse", "Event", "DryRun")
+
+
+def client(service: str, *, region: str | None = None, endpoint_url: str | None = None,
+           read_timeout: float | None = None, connect_timeout: float | None = None,
+           max_pool_connections: int | None = None, max_attempts: int | None = None,
+           sleep: Callable[[float], None] = time.sleep) -> Any:
+    """Return a boto3 client for `service` configured in strata's one way.
+
+    Args:
+        service: boto3 service name, e.g. ``"lambda"`` or ``"s3"``.
+        region: AWS region; ``None`` lets boto3 resolve it (``AWS_DEFAULT_REGION``, config file),
+            falling back to ``us-east-1`` so a local endpoint works with no AWS configuration.
+        endpoint_url: Explicit endpoint; ``None`` lets botocore honour ``AWS_ENDPOINT_URL_<SERVICE>``
+            and ``AWS_ENDPOINT_URL``.
+        read_timeout: Socket read timeout, seconds (botocore's default is 60).
+        connect_timeout: Socket connect timeout, seconds (botocore's default is 60).
+        max_pool_connections: HTTP connection pool size; size it to the caller's fan-out (default 10).
+        max_attempts: Total attempts the SDK makes per call, first one included (``1`` turns SDK
+            retries off); ``None`` keeps botocore's standard retry mode defaults.
+        sleep: Kept so every factory in this module has the same injectable-sleep signature; boto3's
+            own retry sleeps are internal to botocore and cannot be injected.
+    """
+    del sleep  # botocore's retry sleeps are not injectable; see the docstring.
+    from device import require
+
+    boto3 = require("boto3", extra=_EXTRA, purpose="talking to AWS")
+    botocore_config = require("botocore.config", extra=_EXTRA, purpose="talking to AWS")
+    options: dict[str, Any] = {"retries": {"mode": "standard"}}
+    if max_attempts is not None:
+        if max_attempts < 1:
+            raise ValueError(f"infra.aws.client: max_attempts must be >= 1, got {max_attempts}")
+        options["retries"]["total_max_attempts"] = max_attempts
+    if read_timeout is not None:
+        options["read_timeout"] = read_timeout
+    if connect_timeout is not None:
+        options["connect_timeout"] = connect_timeout
+    if max_pool_connections is not None:
+        options["max_pool_connections"] = max_pool_connections
+    session = boto3.session.Session()
+    resolved_region = region or session.region_name or "us-east-1"
+    return session.client(service, region_name=resolved_region, endpoint_url=endpoint_url,
+                          config=botocore_config.Config(**options))
+
+
+@dataclass(frozen=True, kw_only=True)
+class InvokeResult:
+    """What one Lambda Invoke returned (after strata's retries)."""
+
+    status_code: int
+    """HTTP status of the successful attempt: 200 RequestResponse, 202 Event, 204 DryRun."""
+    payload: bytes
+    """The function's response bytes (empty for Event and DryRun)."""
+    function_error: str | None
+    """``X-Amz-Function-Error`` (``"Unhandled"`` when the handler raised or the worker died), else None."""
+    log_tail: str | None
+    """The last 4 KB of the function's log, decoded, when ``log_tail=True`` was asked for."""
+    executed_version: str | None
+    """``X-Amz-Executed-Version``: the function version that ran (RequestResponse only)."""
+    attempts: int
+    """HTTP attempts made, 1 when the first one succeeded."""
+    duration_s: float
+    """Wall time of the whole call, retries and backoff included."""
+
+    @property
+    def ok(self) -> bool:
+        """True when the function ran and did not report an error."""
+        return self.function_error is None
+
+
+class LambdaInvoker:
+    """Invoke Lambda functions (AWS or `strata functions serve`) with SDK retries off and strata's own backoff.
+
+    Args:
+        function_timeout_s: The longest the invoked functions may run; the read timeout is set above it
+            so the SDK never gives up on (and replays) an invocation that is still running.
+        region: AWS region (see `client`).
+        endpoint_url: Explicit Lambda endpoint (see `client`).
+        max_pool_connections: Connection pool size; set it to the number of concurrent invocations.
+        max_retries: Retries after the first attempt for retryable errors (429, 5xx, connect failures).
+        base_backoff_s: First backoff; doubles per retry, with full jitter.
+        max_backoff_s: Cap of one backoff (and of a server's ``Retry-After``).
+        sleep: Injectable sleep, so tests need not wait.
+        lambda_client: A ready boto3 Lambda client to use instead of building one.
+    """
+
+    def __init__(self, *, function_timeout_s: float = 60.0, region: str | None = None,
+                 endpoint_url: str | None = None, max_pool_connections: int = 10, max_retries: int = 6,
+                 base_backoff_s: float = 0.05, max_backoff_s: float = 5.0,
+                 sleep: Callable[[float], None] = time.sleep, lambda_client: Any = None) -> None:
+        if not 0 < function_timeout_s <= LAMBDA_MAX_TIMEOUT_S:
+            raise ValueError(f"LambdaInvoker: function_timeout_s must be in (0, {LAMBDA_MAX_TIMEOUT_S:g}], "
+                             f"got {function_timeout_s}")
+        if max_retries < 0:
+            raise ValueError(f"LambdaInvoker: max_retries must be >= 0, got {max_retries}")
+        self.function_timeout_s = function_timeout_s
+        self.max_retries = max_retries
+        self.base_backoff_s = base_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._sleep = sleep
+        self._rng = random.Random()
+        # Read timeout above the function timeout: the service answers only when the function ends.
+        self.client = lambda_client if lambda_client is not None else client(
+            "lambda", region=region, endpoint_url=endpoint_url, read_timeout=function_timeout_s + 15.0,
+            connect_timeout=10.0, max_pool_connections=max_pool_connections, max_attempts=1)
+
+    def invoke(self, function_name: str, payload: bytes, *, invocation_type: InvocationType = "RequestResponse",
+               qualifier: str | None = None, log_tail: bool = False) -> InvokeResult:
+        """Invoke `function_name` once (plus retries of retryable failures) and return a typed result.
+
+        Raises:
+            FunctionNotFoundError: No such function or qualifier at the endpoint.
+            PayloadTooLargeError: The payload is over the invocation type's limit.
+            ThrottledError: Still throttled after ``max_retries`` retries.
+            InfraError: Any other service error, or 5xx / connection failures that outlived the retries.
+        """
+        if invocation_type not in _INVOCATION_TYPES:
+            raise ValueError(f"LambdaInvoker.invoke: invocation_type must be one of {_INVOCATION_TYPES}, "
+                             f"got {invocation_type!r}")
+        from botocore.exceptions import ClientError, EndpointConnectionError
+
+        kwargs: dict[str, Any] = {"FunctionName": function_name, "InvocationType": invocation_type,
+                                  "Payload": payload, "LogType": "Tail" if log_tail else "None"}
+        if qualifier is not None:
+            kwargs["Qualifier"] = qualifier
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = self.client.invoke(**kwargs)
+            except EndpointConnectionError as exc:
+                # Retryable: the connection was never established, so the function did not start.
+                if attempt > self.max_retries:
+                    raise InfraError(f"LambdaInvoker.invoke({function_name!r}): cannot connect to the Lambda "
+                                     f"endpoint after {attempt} attempts ({exc}); check endpoint_url / "
+                                     "AWS_ENDPOINT_URL_LAMBDA and that the runtime is running") from exc
+                self._sleep(self._backoff(attempt, None))
+                continue
+            except ClientError as exc:
+                error = exc.response.get("Error", {})
+                code = str(error.get("Code", ""))
+                message = str(error.get("Message", exc))
+                meta = exc.response.get("ResponseMetadata", {})
+                status = int(meta.get("HTTPStatusCode", 0))
+                headers = {str(k).lower(): str(v) for k, v in meta.get("HTTPHeaders", {}).items()}
+                where = f"LambdaInvoker.invoke({function_name!r}"
+                where += f", qualifier={qualifier!r})" if qualifier else ")"
+                if code == "ResourceNotFoundException":
+                    raise FunctionNotFoundError(f"{where}: no such function ({message}); deploy it or check "
+                                                "the name, qualifier and endpoint") from exc
+                if code == "RequestTooLargeException" or status == 413:
+                    raise PayloadTooLargeError(f"{where}: payload of {len(payload)} bytes is over the "
+                                               f"{invocation_type} limit ({message}); pass large inputs "
+                                               "by S3 reference") from exc
+                if status == 429:
+                    # Retryable: throttling (concurrency cap or scaling rate) is transient by definition and
+                    # the function did not run; Lambda may tell us when to come back (Retry-After).
+                    if attempt > self.max_retries:
+                        raise ThrottledError(f"{where}: still throttled ({code}) after {attempt} attempts; "
+                                             "lower the concurrency or raise the function's limit") from exc
+                    self._sleep(self._backoff(attempt, headers.get("retry-after")))
+                    continue
+                if status >= 500:
+                    # Retryable: a service-side failure (ServiceException, ENI/EC2 trouble) produced no
+                    # function result; a rerun may repeat work, which callers de-duplicate by rollout id.
+                    if attempt > self.max_retries:
+                        raise InfraError(f"{where}: service error {code} ({status}) after {attempt} "
+                                         f"attempts: {message}") from exc
+                    self._sleep(self._backoff(attempt, headers.get("retry-after")))
+                    continue
+                raise InfraError(f"{where}: {code or status}: {message}") from exc
+            break
+        body = response.get("Payload")
+        data = body.read() if body is not None else b""
+        log_result = response.get("LogResult")
+        log_text = None
+        if log_result:
+            log_text = base64.b64decode(log_result).decode("utf-8", errors="replace")
+        return InvokeResult(status_code=int(response.get("StatusCode", 0)), payload=data,
+                            function_error=response.get("FunctionError"), log_tail=log_text,
+                            executed_version=response.get("ExecutedVersion"), attempts=attempt,
+                            duration_s=time.monotonic() - started)
+
+    def _backoff(self, attempt: int, retry_after: str | None) -> float:
+        """Seconds to wait before retry number `attempt` (full jitter, capped; ``Retry-After`` is a floor)."""
+        delay = self._rng.uniform(0.0, min(self.max_backoff_s, self.base_backoff_s * 2 ** (attempt - 1)))
+        if retry_after:
+            with contextlib.suppress(ValueError):  # an HTTP-date Retry-After is ignored; jitter still applies
+                delay = max(delay, min(float(retry_after), self.max_backoff_s))
+        return delay
+
+
+__all__ = ["LAMBDA_MAX_TIMEOUT_S", "InvokeResult", "LambdaInvoker", "client"]
