@@ -12,6 +12,7 @@ construct Python objects. Decoding copies nothing: arrays are read-only views of
 from __future__ import annotations
 
 import json
+import re
 import struct
 from collections.abc import Mapping
 from typing import Any
@@ -25,6 +26,8 @@ VERSION = 1
 _PREFIX = struct.Struct("<4sBI")
 _ALLOWED_KINDS = frozenset("biuf")  # bool, signed, unsigned, float: no objects, strings or voids
 MAX_HEADER_BYTES = 1 << 20
+# np.dtype() parses arbitrary strings (even Python literals); only ever hand it these.
+_DTYPE_RE = re.compile(r"[<>|=]?[biuf][1248]")
 
 
 class WireError(StrataError, ValueError):
@@ -74,6 +77,8 @@ def unpack_arrays(data: bytes | bytearray | memoryview) -> tuple[dict[str, Any],
     arrays: dict[str, np.ndarray] = {}
     for name, spec in specs.items():
         try:
+            if not isinstance(spec["dtype"], str) or not _DTYPE_RE.fullmatch(spec["dtype"]):
+                raise ValueError(f"dtype {spec['dtype']!r} is not a plain numeric dtype string")
             dtype = np.dtype(spec["dtype"])
             shape = tuple(int(d) for d in spec["shape"])
             offset = int(spec["offset"])
