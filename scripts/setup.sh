@@ -21,12 +21,17 @@ fi
 stamp_key=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 stamp="$VENV/.strata-ready-$stamp_key"
 
+# pip's own warnings about this machine's local package mirrors are noise to a newcomer.
+pip_install() {
+  "$VENV/bin/python" -m pip install --quiet "$@" 2>&1 | { grep -vE "^WARNING: Location '.*' is ignored" || true; }
+}
+
 if [ ! -f "$stamp" ]; then
   echo "setup: preparing $VENV (first run takes a few minutes)"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install --quiet --upgrade pip
-  "$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
-  "$VENV/bin/python" -m pip install --quiet -e ".[all,dev]"
+  pip_install --upgrade pip
+  pip_install "torch==2.13.0"
+  pip_install -e ".[all,dev]"
   rm -f "$VENV"/.strata-ready-*
   touch "$stamp"
 fi
