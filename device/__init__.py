@@ -4,22 +4,62 @@ The lowest tier: it needs only the standard library, numpy and cryptography, so 
 torch and onnxruntime do not, and every other tier can build on it.
 """
 
+from device._bundle import Bundle, Manifest, Verifier, build_bundle, space_bounds, space_to_json
+from device._bundle_errors import (
+    BundleError,
+    BundleFormatError,
+    ExpiredBundleError,
+    KeyFileError,
+    ModelError,
+    RollbackError,
+    TamperedBundleError,
+    UnknownKeyError,
+    UnsignedBundleError,
+    UnsupportedOperatorError,
+    VerifierStateError,
+    WrongTierError,
+)
 from device._config import add_config_arguments, config_from_args, field_docs
 from device._deps import require
 from device._errors import ConfigError, MissingDependencyError, StrataError
+from device._keys import PublicKey, SigningKey, TrustStore, generate_keypair, load_public_key, load_signing_key
 from device._rollout import RolloutBatch
 from device._wire import WireError, pack_arrays, unpack_arrays
 
 __all__ = [
+    "Bundle",
+    "BundleError",
+    "BundleFormatError",
     "ConfigError",
+    "ExpiredBundleError",
+    "KeyFileError",
+    "Manifest",
     "MissingDependencyError",
+    "ModelError",
+    "PublicKey",
+    "RollbackError",
     "RolloutBatch",
+    "SigningKey",
     "StrataError",
+    "TamperedBundleError",
+    "TrustStore",
+    "UnknownKeyError",
+    "UnsignedBundleError",
+    "UnsupportedOperatorError",
+    "Verifier",
+    "VerifierStateError",
     "WireError",
+    "WrongTierError",
     "add_config_arguments",
+    "build_bundle",
     "config_from_args",
     "field_docs",
+    "generate_keypair",
+    "load_public_key",
+    "load_signing_key",
     "pack_arrays",
     "require",
+    "space_bounds",
+    "space_to_json",
     "unpack_arrays",
 ]
