@@ -1,0 +1,134 @@
+"""PPO's networks and observation normaliser: a separate actor and critic MLP, as in CleanRL.
+
+The actor outputs Categorical logits for a Discrete action space, or the mean of a diagonal
+Gaussian (with a learned, state-independent log standard deviation) for a Box action space.
+`ObsNormalizer` keeps running mean and variance of raw observations; the learner freezes it
+during a rollout, so policy version ``v`` is the pair (network weights, normaliser statistics) and
+the exported graph computes exactly what acted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def _layer(in_features: int, out_features: int, *, std: float) -> nn.Linear:
+    """A linear layer with orthogonal weights of gain `std` and zero bias (PPO implementation detail #2)."""
+    layer = nn.Linear(in_features, out_features)
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, 0.0)
+    return layer
+
+
+def _mlp(in_features: int, hidden_sizes: Sequence[int], out_features: int, *, out_std: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    width = in_features
+    for hidden in hidden_sizes:
+        layers += [_layer(width, hidden, std=math.sqrt(2)), nn.Tanh()]
+        width = hidden
+    layers.append(_layer(width, out_features, std=out_std))
+    return nn.Sequential(*layers)
+
+
+class Agent(nn.Module):
+    """Actor and critic for a flat Box observation and a Discrete (``discrete=True``) or Box action."""
+
+    def __init__(self, *, obs_dim: int, action_dim: int, discrete: bool, hidden_sizes: Sequence[int],
+                 init_log_std: float = 0.0) -> None:
+        super().__init__()
+        self.discrete = discrete
+        self.critic = _mlp(obs_dim, hidden_sizes, 1, out_std=1.0)
+        self.actor = _mlp(obs_dim, hidden_sizes, action_dim, out_std=0.01)
+        # A Discrete agent keeps an empty log-std so every agent has the same state-dict keys.
+        self.actor_logstd = nn.Parameter(torch.full((0 if discrete else action_dim,), float(init_log_std)))
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        """Return ``V(x)`` with shape ``[batch]``."""
+        value: torch.Tensor = self.critic(x).squeeze(-1)
+        return value
+
+    def sample_action(self, x: torch.Tensor) -> torch.Tensor:
+        """Draw one action per row of `x` from the current policy (no log-prob: the learner recomputes it in batch).
+
+        Discrete actions use the Gumbel-max trick, which samples the same distribution as
+        ``Categorical(logits).sample()`` without building a distribution object on every env step.
+        """
+        out: torch.Tensor = self.actor(x)
+        if self.discrete:
+            gumbel = -torch.log(-torch.log(torch.rand_like(out)))
+            return (out + gumbel).argmax(dim=-1)
+        return out + self.actor_logstd.exp() * torch.randn_like(out)
+
+    def evaluate_actions(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(log_prob, entropy)`` of `action` under the policy at `x`, each ``[batch]``."""
+        out: torch.Tensor = self.actor(x)
+        if self.discrete:
+            log_probs = torch.log_softmax(out, dim=-1)
+            logprob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+            entropy = -(log_probs.exp() * log_probs).sum(-1)
+            return logprob, entropy
+        log_std = self.actor_logstd.expand_as(out)
+        var = torch.exp(2.0 * log_std)
+        logprob = (-((action - out) ** 2) / (2.0 * var) - log_std - 0.5 * math.log(2.0 * math.pi)).sum(-1)
+        entropy = (0.5 + 0.5 * math.log(2.0 * math.pi) + log_std).sum(-1)
+        return logprob, entropy
+
+
+class ObsNormalizer:
+    """Running mean and variance of observations (parallel Welford update), applied as ``clip((x - mean) / std)``."""
+
+    def __init__(self, shape: Sequence[int], *, clip: float, enabled: bool = True, epsilon: float = 1e-8) -> None:
+        self.enabled = enabled
+        self.clip = float(clip)
+        self.epsilon = float(epsilon)
+        self.mean = np.zeros(tuple(shape), dtype=np.float64)
+        self.var = np.ones(tuple(shape), dtype=np.float64)
+        self.count = 0.0
+
+    def update(self, x: np.ndarray) -> None:
+        """Fold a batch ``[..., *shape]`` of raw observations into the statistics."""
+        if not self.enabled:
+            return
+        batch = x.reshape(-1, *self.mean.shape).astype(np.float64)
+        batch_mean, batch_var, batch_count = batch.mean(axis=0), batch.var(axis=0), float(batch.shape[0])
+        if self.count == 0.0:
+            self.mean, self.var, self.count = batch_mean, batch_var, batch_count
+            return
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        m2 = self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total
+        self.mean = self.mean + delta * batch_count / total
+        self.var = m2 / total
+        self.count = total
+
+    def scale(self) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``(mean, 1 / std)`` as float32, the constants the exported graph uses."""
+        inv_std = 1.0 / np.sqrt(self.var + self.epsilon)
+        return self.mean.astype(np.float32), inv_std.astype(np.float32)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """Return `x` normalised and clipped, as float32 (unchanged but cast when disabled)."""
+        if not self.enabled:
+            return np.asarray(x, dtype=np.float32)
+        mean, inv_std = self.scale()
+        normalized: np.ndarray = np.clip((np.asarray(x, dtype=np.float32) - mean) * inv_std, -self.clip, self.clip)
+        return normalized
+
+    def state_dict(self) -> dict[str, object]:
+        """Return the statistics as plain tensors and floats (safe for ``torch.load(weights_only=True)``)."""
+        return {"mean": torch.from_numpy(self.mean.copy()), "var": torch.from_numpy(self.var.copy()),
+                "count": self.count, "clip": self.clip, "epsilon": self.epsilon, "enabled": self.enabled}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Restore statistics saved by `state_dict`."""
+        mean, var = state["mean"], state["var"]
+        assert isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor)
+        self.mean, self.var = mean.numpy().astype(np.float64), var.numpy().astype(np.float64)
+        self.count = float(state["count"])  # type: ignore[arg-type]
+        self.clip, self.epsilon = float(state["clip"]), float(state["epsilon"])  # type: ignore[arg-type]
+        self.enabled = bool(state["enabled"])

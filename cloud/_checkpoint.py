@@ -1,0 +1,81 @@
+"""Training checkpoints: ``RUN_DIR/checkpoints/{version:09d}.pt``, written atomically, loaded without unpickling code.
+
+A checkpoint is a dict of tensors and plain values (agent and optimiser state dicts, normaliser
+statistics, the config as a dict, the policy version and env-step counters), so
+``torch.load(weights_only=True)`` can read it: a checkpoint file never runs code. It is written to a
+temporary file in the same folder and renamed into place, so a crash never leaves a torn file
+under a checkpoint name, and names sort by version.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from device import ConfigError
+
+CHECKPOINT_DIR = "checkpoints"
+"""Sub-folder of a run dir that holds its checkpoints."""
+
+FORMAT = 1
+"""Version of the checkpoint layout; bumped when keys change meaning."""
+
+
+def checkpoint_path(run_dir: Path, version: int) -> Path:
+    """Return where the checkpoint of policy `version` lives in `run_dir`."""
+    return Path(run_dir) / CHECKPOINT_DIR / f"{version:09d}.pt"
+
+
+def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:
+    """Write `state` (which must hold an int ``"version"``) atomically as the checkpoint of that version."""
+    import torch
+
+    path = checkpoint_path(run_dir, int(state["version"]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"format": FORMAT, **state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Return the run's checkpoints, oldest version first."""
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("*.pt") if p.stem.isdigit())
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """Return the checkpoint with the highest version, or None when the run has none."""
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True`` (tensors and plain values only, never code)."""
+    import torch
+
+    state: dict[str, Any] = torch.load(Path(path), map_location="cpu", weights_only=True)
+    if state.get("format") != FORMAT:
+        raise ConfigError(f"load_checkpoint: {path} has checkpoint format {state.get('format')!r}, "
+                          f"this strata reads format {FORMAT}; export it with the strata that wrote it")
+    return state
+
+
+def load_latest_checkpoint(run_dir: Path, *, caller: str) -> dict[str, Any]:
+    """Load the newest checkpoint of `run_dir`, or raise `ConfigError` naming `caller` when there is none."""
+    path = latest_checkpoint(run_dir)
+    if path is None:
+        raise ConfigError(f"{caller}: run dir {str(run_dir)!r} has no checkpoints under {CHECKPOINT_DIR}/; "
+                          "train one first with `strata train --run-dir DIR ...`")
+    return load_checkpoint(path)

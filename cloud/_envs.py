@@ -1,0 +1,99 @@
+"""The one place the learner gets its environments from: `make_vector_env(env_id, num_envs, seed, mode)`.
+
+Every vector env this factory returns follows one contract, which the learner relies on:
+
+- a `gymnasium.vector.VectorEnv` whose single observation space is a `Box` and whose single action
+  space is a `Discrete` or a `Box` (anything else is refused by `check_spaces`, naming the space);
+- **same-step autoreset** (``gymnasium.vector.AutoresetMode.SAME_STEP``): when sub-env ``i`` ends at
+  a step, that step already returns the first observation of the next episode, and the real last
+  observation is in ``info["final_obs"][i]`` (masked by ``info["_final_obs"]``). Gymnasium 1.x
+  defaults to NEXT_STEP, where the step after the end is a dummy reset step; with SAME_STEP every
+  step is a real transition and a truncated episode can be bootstrapped from its real final
+  observation.
+
+Modes are a registry, not ``if``s: ``"sync"`` runs the envs in this process (`SyncVectorEnv`). The
+co-located shared-memory source registers itself here as ``"colocated"`` (a drop-in VectorEnv with
+the same contract), so the learner never changes when a new source lands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
+
+from device import ConfigError, require
+
+if TYPE_CHECKING:
+    import gymnasium
+
+VectorEnvBuilder = Callable[..., "gymnasium.vector.VectorEnv[Any, Any, Any]"]
+"""Signature of a mode's builder: ``builder(env_id, *, num_envs, seed) -> VectorEnv`` (same-step autoreset)."""
+
+
+def _make_sync(env_id: str, *, num_envs: int, seed: int) -> gymnasium.vector.VectorEnv[Any, Any, Any]:
+    gym = require("gymnasium", extra="cloud", purpose="training environments")
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: gym.make(env_id) for _ in range(num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    envs.reset(seed=seed)
+    return cast("gymnasium.vector.VectorEnv[Any, Any, Any]", envs)
+
+
+VECTOR_ENV_MODES: dict[str, VectorEnvBuilder] = {"sync": _make_sync}
+"""Registered modes of `make_vector_env`; another source adds itself with ``VECTOR_ENV_MODES[name] = builder``."""
+
+
+def make_vector_env(
+    env_id: str, *, num_envs: int, seed: int, mode: str = "sync"
+) -> gymnasium.vector.VectorEnv[Any, Any, Any]:
+    """Build `num_envs` copies of the gymnasium env `env_id` as one same-step-autoreset vector env.
+
+    The returned env has already been reset with `seed` (sub-env ``i`` gets ``seed + i``); call
+    ``reset()`` without a seed to continue the same random streams.
+
+    Raises:
+        ConfigError: `mode` is not registered, `num_envs` is not positive, `env_id` is not a
+            registered gymnasium env, or its spaces are not Box observations with Discrete or Box
+            actions.
+    """
+    if mode not in VECTOR_ENV_MODES:
+        raise ConfigError(f"make_vector_env: mode {mode!r} is not available; choose one of {sorted(VECTOR_ENV_MODES)}")
+    if num_envs < 1:
+        raise ConfigError(f"make_vector_env: num_envs must be >= 1, got {num_envs}")
+    gym = require("gymnasium", extra="cloud", purpose="training environments")
+    if env_id not in gym.registry:
+        raise ConfigError(f"make_vector_env: {env_id!r} is not a registered gymnasium env id; "
+                          f"list them with `python -c 'import gymnasium; gymnasium.pprint_registry()'`")
+    envs = VECTOR_ENV_MODES[mode](env_id, num_envs=num_envs, seed=seed)
+    try:
+        check_spaces(env_id, envs.single_observation_space, envs.single_action_space)
+        autoreset = envs.metadata.get("autoreset_mode")
+        if autoreset is not None and autoreset != gym.vector.AutoresetMode.SAME_STEP:
+            raise ConfigError(f"make_vector_env: mode {mode!r} built a vector env with autoreset mode {autoreset}; "
+                              "the learner needs AutoresetMode.SAME_STEP")
+    except ConfigError:
+        envs.close()
+        raise
+    return envs
+
+
+def check_spaces(env_id: str, observation_space: Any, action_space: Any) -> None:
+    """Raise `ConfigError` unless the spaces are a Box observation and a Discrete or Box action.
+
+    Args:
+        env_id: Named in the message.
+        observation_space: The env's single (unbatched) observation space.
+        action_space: The env's single (unbatched) action space.
+    """
+    gym = require("gymnasium", extra="cloud", purpose="training environments")
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise ConfigError(f"{env_id}: observation space {observation_space} is not supported; "
+                          "strata's PPO needs a Box observation space (flatten the observation with a wrapper)")
+    if not isinstance(action_space, gym.spaces.Discrete | gym.spaces.Box):
+        raise ConfigError(f"{env_id}: action space {action_space} is not supported; "
+                          "strata's PPO needs a Discrete or a Box action space")
+    if isinstance(action_space, gym.spaces.Discrete) and action_space.start != 0:
+        raise ConfigError(f"{env_id}: action space {action_space} starts at {action_space.start}; "
+                          "strata's PPO needs Discrete actions numbered from 0")
+

@@ -1,0 +1,233 @@
+"""`train`: runs PPO on a gymnasium env id into a run dir (checkpoints, metrics), fresh or resumed.
+
+The run dir holds ``checkpoints/{version:09d}.pt`` (see `cloud._checkpoint`) and ``metrics.jsonl``
+(see `cloud._metrics`). The policy version is the number of completed PPO updates; a resumed run
+loads the newest checkpoint and continues the same lineage (version, env-step count, optimiser,
+normaliser and recent returns). Env state cannot be checkpointed: a resumed run starts fresh
+episodes, seeded from the seed and the version so it does not replay the first run's streams.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cloud._checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from cloud._envs import make_vector_env
+from cloud._metrics import MetricsWriter
+from cloud._ppo import Episode, PPOConfig, RolloutCollector, ppo_update
+from device import ConfigError, require, space_to_json
+
+RETURN_WINDOW = 20
+"""Episodes in the moving mean that decides "solved" (CartPole-v1's 475 threshold is over such a mean)."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a call of `train` did."""
+
+    run_dir: Path
+    env_id: str
+    policy_version: int
+    """Completed updates, over the whole lineage (including resumed-from runs)."""
+    global_step: int
+    """Env steps, over the whole lineage."""
+    wall_s: float
+    """Seconds this call spent (not counting earlier runs of a resumed lineage)."""
+    checkpoint: Path
+    episodes: list[Episode]
+    """Episodes that ended during this call."""
+    mean_return: float
+    """Mean return of the last `RETURN_WINDOW` episodes (NaN before any episode ended)."""
+    solved_at_step: int | None
+    """Env step at which the moving mean first reached the target return in this call, else None."""
+    solved_at_s: float | None
+    """Seconds into this call at which that happened, else None."""
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def train(
+    *,
+    env_id: str,
+    total_steps: int,
+    run_dir: Path,
+    seed: int = 0,
+    config: PPOConfig | None = None,
+    resume: bool = False,
+    target_return: float | None = None,
+    checkpoint_every: int = 100,
+    progress: bool | None = None,
+    log: Callable[[str], None] = _print,
+) -> TrainResult:
+    """Train PPO on `env_id` until `total_steps` env steps (over the lineage) or `target_return` is reached.
+
+    Args:
+        env_id: A registered gymnasium env id with a Box observation and a Discrete or Box action space.
+        total_steps: Env-step budget of the whole lineage; a resumed run stops at the same total.
+        run_dir: Where checkpoints and metrics go.
+        seed: Seeds torch, the envs and minibatch shuffling.
+        config: Hyperparameters; with `resume`, None means "the checkpoint's".
+        resume: Continue from the newest checkpoint in `run_dir` (it must exist).
+        target_return: Stop early once the mean of the last 20 training episodes reaches this.
+        checkpoint_every: Also checkpoint every this many updates (the last update always is).
+        progress: Show a rich progress bar (None: only when stdout is a terminal; otherwise print
+            a progress line every few seconds).
+        log: Where progress lines and notices go.
+
+    Raises:
+        ConfigError: Bad arguments, an env with unsupported spaces, a fresh run into a dir that
+            already has checkpoints, or a resume without one.
+    """
+    torch = require("torch", extra="cloud", purpose="the PPO learner")
+    gym = require("gymnasium", extra="cloud", purpose="training environments")
+    from cloud._agent import Agent, ObsNormalizer
+
+    run_dir = Path(run_dir)
+    if total_steps < 1:
+        raise ConfigError(f"train: total_steps must be >= 1, got {total_steps}")
+    state: dict[str, Any] | None = None
+    if resume:
+        path = latest_checkpoint(run_dir)
+        if path is None:
+            raise ConfigError(f"train: --resume given but run dir {str(run_dir)!r} has no checkpoint; "
+                              "drop --resume to start a new run")
+        state = load_checkpoint(path)
+        if state["env_id"] != env_id:
+            raise ConfigError(f"train: run dir {str(run_dir)!r} trains {state['env_id']!r}, not {env_id!r}; "
+                              f"resume with --env {state['env_id']}")
+        config = config or PPOConfig.from_dict(state["config"])
+    elif latest_checkpoint(run_dir) is not None:
+        raise ConfigError(f"train: run dir {str(run_dir)!r} already has checkpoints; pass --resume to continue "
+                          "that run or choose another --run-dir")
+    config = config or PPOConfig()
+    version = int(state["version"]) if state else 0
+    global_step = int(state["global_step"]) if state else 0
+
+    torch.set_num_threads(config.torch_threads)
+    torch.manual_seed(seed + 7919 * version)
+    generator = np.random.default_rng([seed, version])
+    env_seed = seed if version == 0 else seed + 104729 * version
+    envs = make_vector_env(env_id, num_envs=config.num_envs, seed=env_seed, mode=config.env_mode)
+    try:
+        obs_space, action_space = envs.single_observation_space, envs.single_action_space
+        assert isinstance(obs_space, gym.spaces.Box)  # make_vector_env checked the spaces
+        discrete = isinstance(action_space, gym.spaces.Discrete)
+        action_dim = int(action_space.n) if discrete else int(np.prod(action_space.shape or ()))  # type: ignore[attr-defined]
+        agent = Agent(obs_dim=int(np.prod(obs_space.shape)), action_dim=action_dim,
+                      discrete=discrete, hidden_sizes=config.hidden_sizes, init_log_std=config.init_log_std)
+        optimizer = torch.optim.Adam(agent.parameters(), lr=config.learning_rate, eps=1e-5)
+        normalizer = ObsNormalizer(obs_space.shape, clip=config.obs_clip, enabled=config.normalize_obs)
+        recent: collections.deque[float] = collections.deque(maxlen=100)
+        if state:
+            agent.load_state_dict(state["agent"])
+            optimizer.load_state_dict(state["optimizer"])
+            normalizer.load_state_dict(state["normalizer"])
+            recent.extend(float(r) for r in state["recent_returns"])
+        collector = RolloutCollector(envs, num_steps=config.num_steps, source=config.env_mode,
+                                     seq_start=global_step // config.num_envs)
+        spaces = {"observation_space": space_to_json(obs_space), "action_space": space_to_json(action_space)}
+
+        def checkpoint() -> Path:
+            return save_checkpoint(run_dir, {
+                "algo": "ppo", "env_id": env_id, "seed": seed, "version": version, "global_step": global_step,
+                "config": config.to_dict(), **spaces, "agent": agent.state_dict(),
+                "optimizer": optimizer.state_dict(), "normalizer": normalizer.state_dict(),
+                "recent_returns": list(recent),
+            })
+
+        num_updates = config.num_updates(total_steps)
+        episodes: list[Episode] = []
+        solved_at_step: int | None = None
+        solved_at_s: float | None = None
+        started = time.perf_counter()
+        start_step = global_step
+        display = _Progress(total_steps, start_step, enabled=sys.stdout.isatty() if progress is None else progress,
+                            log=log, env_id=env_id)
+        last_path: Path | None = None
+        with MetricsWriter(run_dir) as metrics, display:
+            while global_step < total_steps and solved_at_step is None:
+                if config.anneal_lr:
+                    frac = max(0.0, 1.0 - version / num_updates)
+                    optimizer.param_groups[0]["lr"] = frac * config.learning_rate
+                batch, new_episodes = collector.collect(agent, normalizer, policy_version=version,
+                                                        global_step=global_step)
+                global_step += batch.size
+                values = ppo_update(agent, optimizer, normalizer, batch, config, generator=generator)
+                version += 1
+                normalizer.update(batch.obs)
+
+                episodes += new_episodes
+                recent.extend(e.episodic_return for e in new_episodes)
+                elapsed = time.perf_counter() - started
+                window = list(recent)[-RETURN_WINDOW:]
+                mean_return = float(np.mean(window)) if window else float("nan")
+                if new_episodes:
+                    values["charts/episodic_return"] = float(np.mean([e.episodic_return for e in new_episodes]))
+                    values["charts/episodic_length"] = float(np.mean([e.episodic_length for e in new_episodes]))
+                values["charts/mean_return_20"] = mean_return
+                values["charts/learning_rate"] = float(optimizer.param_groups[0]["lr"])
+                values["perf/env_steps_per_s"] = (global_step - start_step) / max(elapsed, 1e-9)
+                metrics.log(global_step=global_step, policy_version=version, values=values)
+                display.update(global_step, mean_return, values["perf/env_steps_per_s"])
+                if (target_return is not None and len(window) >= RETURN_WINDOW and mean_return >= target_return):
+                    solved_at_step, solved_at_s = global_step, elapsed
+                if version % checkpoint_every == 0:
+                    last_path = checkpoint()
+            if last_path is None or not last_path.stem.endswith(f"{version:09d}"):
+                last_path = checkpoint()
+    finally:
+        envs.close()
+    window = list(recent)[-RETURN_WINDOW:]
+    return TrainResult(run_dir=run_dir, env_id=env_id, policy_version=version, global_step=global_step,
+                       wall_s=time.perf_counter() - started, checkpoint=last_path, episodes=episodes,
+                       mean_return=float(np.mean(window)) if window else float("nan"),
+                       solved_at_step=solved_at_step, solved_at_s=solved_at_s)
+
+
+class _Progress:
+    """A rich progress bar on a terminal; otherwise a plain progress line every few seconds."""
+
+    def __init__(self, total: int, done: int, *, enabled: bool, log: Callable[[str], None], env_id: str,
+                 every_s: float = 5.0) -> None:
+        self.total, self.enabled, self.log, self.env_id, self.every_s = total, enabled, log, env_id, every_s
+        self._last_print = time.perf_counter()
+        self._bar: Any = None
+        self._task: Any = None
+        self._done = done
+
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("return {task.fields[ret]:>7}"),
+                                 TextColumn("{task.fields[sps]:>8} steps/s"), TimeElapsedColumn())
+            self._bar.start()
+            self._task = self._bar.add_task(f"PPO {self.env_id}", total=self.total, completed=self._done,
+                                            ret="-", sps="-")
+        return self
+
+    def update(self, global_step: int, mean_return: float, steps_per_s: float) -> None:
+        """Show the env-step count, the 20-episode mean return and the throughput."""
+        ret = "-" if np.isnan(mean_return) else f"{mean_return:.1f}"
+        if self._bar is not None:
+            self._bar.update(self._task, completed=min(global_step, self.total), ret=ret, sps=f"{steps_per_s:,.0f}")
+        elif time.perf_counter() - self._last_print >= self.every_s:
+            self._last_print = time.perf_counter()
+            self.log(f"train {self.env_id}: step {global_step:,}/{self.total:,}  return(20) {ret}  "
+                     f"{steps_per_s:,.0f} steps/s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
