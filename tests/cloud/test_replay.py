@@ -1,0 +1,362 @@
+"""The replay service: the same tests against the shared-memory and the gRPC deployment."""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cloud._replay import (
+    Replay,
+    ReplayConfig,
+    ReplayError,
+    ReplayHandle,
+    ReplayTable,
+    Signature,
+    annealed_beta,
+    load_state_file,
+    make_replay,
+)
+from cloud._replay_grpc import ReplayServer
+from device import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+SIG: Signature = {"obs": ((3,), "float32"), "action": ((1,), "float32"), "reward": ((), "float32"),
+                  "done": ((), "bool"), "step": ((), "int64")}
+
+MakeReplay = Callable[..., Replay]
+
+
+def items(start: int, k: int) -> dict[str, np.ndarray]:
+    steps = np.arange(start, start + k)
+    return {
+        "obs": np.stack([steps, steps + 0.5, -steps], axis=1).astype(np.float32),
+        "action": (steps % 7).astype(np.float32)[:, None],
+        "reward": steps.astype(np.float32),
+        "done": steps % 5 == 0,
+        "step": steps,
+    }
+
+
+@pytest.fixture(params=["shared_memory", "grpc"])
+def make(request: pytest.FixtureRequest) -> Iterator[MakeReplay]:
+    """Build a replay of the parametrized deployment; everything is closed after the test."""
+    opened: list[Replay] = []
+    servers: list[ReplayServer] = []
+
+    def build(config: ReplayConfig, signature: Signature = SIG, seed: int = 0) -> Replay:
+        if request.param == "grpc":
+            server = ReplayServer(signature, config, seed=seed).start()
+            servers.append(server)
+            replay = make_replay("grpc", signature, config, address=server.address)
+        else:
+            replay = make_replay("shared_memory", signature, config, seed=seed)
+        opened.append(replay)
+        return replay
+
+    yield build
+    for replay in opened:
+        replay.close()
+    for server in servers:
+        server.stop(grace=None)
+
+
+def test_insert_then_sample_returns_what_was_inserted(make: MakeReplay) -> None:
+    replay = make(ReplayConfig(capacity=100, prioritized=False))
+    assert replay.insert(items(0, 10))
+    batch = replay.sample(32)
+    assert batch is not None
+    steps = batch.data["step"]
+    assert set(steps) <= set(range(10)) and steps.shape == (32,)
+    np.testing.assert_array_equal(batch.data["reward"], steps.astype(np.float32))
+    np.testing.assert_array_equal(batch.data["obs"][:, 1], steps + 0.5)
+    np.testing.assert_array_equal(batch.data["done"], steps % 5 == 0)
+    np.testing.assert_array_equal(batch.keys, steps)  # key = global insert sequence number
+    np.testing.assert_array_equal(batch.weights, np.ones(32, np.float32))
+    stats = replay.stats()
+    assert (stats.size, stats.capacity, stats.inserts, stats.samples) == (10, 100, 10, 32)
+    assert stats.item_nbytes == 12 + 4 + 4 + 1 + 8
+
+
+def test_ring_overwrites_the_oldest(make: MakeReplay) -> None:
+    replay = make(ReplayConfig(capacity=8, prioritized=False))
+    replay.insert(items(0, 6))
+    replay.insert(items(6, 6))
+    meta, arrays = replay.export_state()
+    np.testing.assert_array_equal(arrays["step"], np.arange(4, 12))
+    assert replay.stats().size == 8 and meta["inserts"] == 12
+
+
+def test_prioritized_sampling_follows_priority_to_the_alpha(make: MakeReplay) -> None:
+    replay = make(ReplayConfig(capacity=4, alpha=0.5, priority_eps=1e-9), seed=1)
+    replay.insert(items(0, 4))
+    replay.update_priorities(np.arange(4), np.array([1.0, 4.0, 9.0, 16.0]))  # ** 0.5 -> 1 : 2 : 3 : 4
+    counts = np.zeros(4)
+    for _ in range(50):
+        batch = replay.sample(200)
+        assert batch is not None
+        counts += np.bincount(batch.keys, minlength=4)
+    np.testing.assert_allclose(counts / counts.sum(), [0.1, 0.2, 0.3, 0.4], atol=0.01)
+    np.testing.assert_allclose(np.sort(np.unique(batch.probabilities)), [0.1, 0.2, 0.3, 0.4], rtol=1e-5)
+
+
+def test_importance_weights_match_hand_computed_values(make: MakeReplay) -> None:
+    replay = make(ReplayConfig(capacity=2, alpha=1.0, priority_eps=1e-9))
+    replay.insert(items(0, 2))
+    replay.update_priorities(np.array([0, 1]), np.array([1.0, 3.0]))
+    batch = replay.sample(64, beta=1.0)
+    assert batch is not None
+    # P = [0.25, 0.75], N = 2: w = (N P) ** -1 = [2, 2/3], divided by the max -> [1, 1/3]
+    expected = np.where(batch.keys == 0, 1.0, 1.0 / 3.0)
+    np.testing.assert_allclose(batch.weights, expected, rtol=1e-5)
+    half = replay.sample(64, beta=0.5)
+    assert half is not None
+    np.testing.assert_allclose(half.weights, np.where(half.keys == 0, 1.0, (1 / 3) ** 0.5), rtol=1e-5)
+
+
+def test_new_items_get_the_highest_priority_seen(make: MakeReplay) -> None:
+    replay = make(ReplayConfig(capacity=4, alpha=1.0, priority_eps=1e-9))
+    replay.insert(items(0, 1))
+    replay.update_priorities(np.array([0]), np.array([5.0]))
+    replay.insert(items(1, 1))
+    batch = replay.sample(100)
+    assert batch is not None
+    np.testing.assert_allclose(batch.probabilities, 0.5, rtol=1e-5)
+
+
+def test_priority_updates_for_overwritten_items_are_ignored(make: MakeReplay) -> None:
+    replay = make(ReplayConfig(capacity=2, alpha=1.0, priority_eps=1e-9))
+    replay.insert(items(0, 2))
+    replay.insert(items(2, 2))  # keys 0, 1 are gone; slots now hold keys 2, 3
+    replay.update_priorities(np.array([0, 1, 3]), np.array([100.0, 100.0, 3.0]))
+    batch = replay.sample(64)
+    assert batch is not None
+    assert set(batch.keys) == {2, 3}
+    np.testing.assert_allclose(np.where(batch.keys == 3, 0.75, 0.25), batch.probabilities, rtol=1e-5)
+
+
+def test_min_size_holds_samples_without_blocking_when_asked(make: MakeReplay) -> None:
+    replay = make(ReplayConfig(capacity=100, min_size_to_sample=5))
+    replay.insert(items(0, 4))
+    assert replay.sample(2, timeout=0) is None
+    started = time.monotonic()
+    assert replay.sample(2, timeout=0.2) is None
+    assert 0.15 < time.monotonic() - started < 5
+    assert replay.stats().samples == 0
+    replay.insert(items(4, 1))
+    assert replay.sample(2, timeout=0) is not None
+
+
+def test_sample_to_insert_ratio_is_held_within_the_error_buffer(make: MakeReplay) -> None:
+    # spi = 4: each insert earns 4 sampled items; the window is 4 * min_size +- 8.
+    replay = make(ReplayConfig(capacity=100, min_size_to_sample=2, samples_per_insert=4.0, error_buffer=8.0))
+    inserted = 0
+    while replay.insert(items(inserted, 1), timeout=0):
+        inserted += 1
+    assert inserted == 4  # diff = 4 * 4 = 16 = 8 + 8 fills the window; a fifth insert would overshoot
+    sampled = 0
+    while replay.sample(4, timeout=0) is not None:
+        sampled += 4
+    assert sampled == 16  # diff back to 0 = 8 - 8
+    assert replay.insert(items(inserted, 1), timeout=0)
+    stats = replay.stats()
+    assert (stats.inserts, stats.samples) == (5, 16)
+
+
+def test_a_blocked_sample_resumes_when_an_insert_arrives(make: MakeReplay) -> None:
+    replay = make(ReplayConfig(capacity=100, min_size_to_sample=3))
+    replay.insert(items(0, 2))
+    result: list[object] = []
+    waiter = threading.Thread(target=lambda: result.append(replay.sample(4, timeout=20)))
+    waiter.start()
+    time.sleep(0.1)
+    assert not result
+    replay.insert(items(2, 1))
+    waiter.join(20)
+    assert result and result[0] is not None
+
+
+def test_window_too_small_for_the_batch_is_a_clear_error(make: MakeReplay) -> None:
+    replay = make(ReplayConfig(capacity=100, samples_per_insert=2.0, error_buffer=4.0))
+    replay.insert(items(0, 3))
+    with pytest.raises(ReplayError, match=re.escape(
+        "Replay.sample: batch_size=8 plus samples_per_insert=2.0 exceeds the rate limiter's window "
+        "2 * error_buffer = 8.0, so inserts and samples could both wait forever; raise error_buffer"
+    )):
+        replay.sample(8, timeout=0)
+
+
+def test_bad_inserts_and_updates_name_the_problem(make: MakeReplay) -> None:
+    replay = make(ReplayConfig(capacity=10))
+    bad = items(0, 2)
+    del bad["step"]
+    with pytest.raises(ReplayError, match=re.escape(
+        "Replay.insert: got fields ['action', 'done', 'obs', 'reward'], the table's signature has "
+        "['action', 'done', 'obs', 'reward', 'step']"
+    )):
+        replay.insert(bad)
+    wrong = {**items(0, 2), "obs": np.zeros((2, 4), np.float32)}
+    with pytest.raises(ReplayError, match=re.escape("Replay.insert: field 'obs' has shape (2, 4); expected [k, 3]")):
+        replay.insert(wrong)
+    with pytest.raises(ReplayError, match=re.escape("Replay.update_priorities: 2 keys but 1 priorities")):
+        replay.update_priorities(np.array([0, 1]), np.array([1.0]))
+    with pytest.raises(ReplayError, match=re.escape("priorities must be finite and >= 0")):
+        replay.update_priorities(np.array([0]), np.array([np.nan]))
+
+
+@pytest.mark.parametrize("to_kind", ["shared_memory", "grpc"])
+def test_checkpoint_restore_round_trips_between_deployments(make: MakeReplay, to_kind: str, tmp_path: Path) -> None:
+    config = ReplayConfig(capacity=16, alpha=1.0)
+    source = make(config)
+    source.insert(items(0, 12))
+    source.insert(items(12, 8))
+    source.update_priorities(np.arange(4, 20), np.linspace(0.1, 2.0, 16))
+    source.sample(8)
+    path = source.checkpoint(tmp_path / "replay.npz")
+    assert [p.name for p in tmp_path.iterdir()] == ["replay.npz"]  # the temp file was renamed into place
+    meta, arrays = load_state_file(path)
+    assert meta["inserts"] == 20 and "_meta" not in arrays
+
+    if to_kind == "grpc":
+        server = ReplayServer(SIG, config).start()
+        target: Replay = make_replay("grpc", SIG, config, address=server.address)
+    else:
+        server = None
+        target = make_replay("shared_memory", SIG, config)
+    try:
+        target.restore(path)
+        assert target.stats() == source.stats()
+        m1, a1 = source.export_state()
+        m2, a2 = target.export_state()
+        assert m1 == m2 and a1.keys() == a2.keys()
+        for name in a1:
+            np.testing.assert_array_equal(a1[name], a2[name])
+        with pytest.raises(ReplayError, match=re.escape(
+            "Replay.load_state: the table already holds 20 inserts; load state only into a new, empty table"
+        )):
+            target.restore(path)
+    finally:
+        target.close()
+        if server is not None:
+            server.stop(grace=None)
+
+
+def test_restore_refuses_another_signature(make: MakeReplay, tmp_path: Path) -> None:
+    source = make(ReplayConfig(capacity=4))
+    source.insert(items(0, 2))
+    path = source.checkpoint(tmp_path / "r.npz")
+    other = make(ReplayConfig(capacity=4), signature={"obs": ((2,), "float32")})
+    with pytest.raises(ReplayError, match=re.escape("Replay.load_state: the state's signature")):
+        other.restore(path)
+
+
+def test_a_smaller_table_keeps_the_newest_items_under_their_keys(tmp_path: Path) -> None:
+    big = ReplayTable.create(SIG, ReplayConfig(capacity=10))
+    small = ReplayTable.create(SIG, ReplayConfig(capacity=4))
+    with big, small:
+        big.insert(items(0, 7))
+        small.load_state(*big.export_state())
+        _, arrays = small.export_state()
+        np.testing.assert_array_equal(arrays["step"], [3, 4, 5, 6])
+        batch = small.sample(16)
+        assert batch is not None
+        np.testing.assert_array_equal(batch.keys, batch.data["step"])
+
+
+def test_checkpoint_files_are_never_unpickled(tmp_path: Path) -> None:
+    path = tmp_path / "evil.npz"
+    np.savez(path, _meta=np.frombuffer(b'{"format": 1}', np.uint8), obs=np.array([object()], dtype=object))
+    with pytest.raises(ReplayError, match=re.escape("Replay.restore: cannot read checkpoint")):
+        load_state_file(path)
+
+
+def test_sum_tree_descent_matches_a_cumulative_sum_search() -> None:
+    rng = np.random.default_rng(3)
+    with ReplayTable.create({"x": ((), "float32")}, ReplayConfig(capacity=1000, alpha=1.0, priority_eps=1e-9)) as t:
+        t.insert({"x": np.zeros(1000, np.float32)})
+        priorities = rng.random(1000) ** 4
+        t.update_priorities(np.arange(1000), priorities)
+        leaves = priorities.astype(np.float32).astype(np.float64)
+        targets = rng.random(5000) * leaves.sum() * 0.999999
+        expected = np.searchsorted(np.cumsum(leaves), targets, side="right")
+        got = t._descend(targets)
+        assert np.mean(got == expected) > 0.999  # float32 inner sums may move a target sitting on a boundary
+
+
+def test_memory_is_bounded_by_construction() -> None:
+    sig: Signature = {"obs": ((17,), "float32"), "action": ((6,), "float32"), "reward": ((), "float32"),
+                      "next_obs": ((17,), "float32"), "done": ((), "bool")}
+    with ReplayTable.create(sig, ReplayConfig(capacity=100_000)) as table:
+        stats = table.stats()
+        assert stats.item_nbytes == 165
+        assert stats.nbytes <= 1.1 * 100_000 * 165
+        table.insert({n: np.zeros((1000, *s), d) for n, (s, d) in sig.items()})
+        assert table.stats().nbytes == stats.nbytes
+
+
+def test_config_errors_name_the_fix() -> None:
+    with pytest.raises(ConfigError, match=re.escape(
+        "ReplayConfig: error_buffer=1.0 is smaller than samples_per_insert=4.0"
+    )):
+        ReplayConfig(samples_per_insert=4.0, error_buffer=1.0)
+    with pytest.raises(ConfigError, match=re.escape("make_replay: kind='grpc' needs address='host:port'")):
+        make_replay("grpc", SIG, ReplayConfig())
+    with pytest.raises(ReplayError, match=re.escape("ReplayTable.handle: this table is local")):
+        ReplayTable.create(SIG, ReplayConfig(capacity=2)).handle()
+
+
+def test_annealed_beta() -> None:
+    assert annealed_beta(0, 100, beta_start=0.4) == 0.4
+    assert annealed_beta(50, 100, beta_start=0.4) == pytest.approx(0.7)
+    assert annealed_beta(500, 100, beta_start=0.4) == 1.0
+
+
+def _actor(handle: ReplayHandle, start: int, count: int) -> None:
+    table = ReplayTable.attach(handle)
+    try:
+        for i in range(start, start + count, 10):
+            assert table.insert(items(i, 10), timeout=30)
+    finally:
+        table.close()
+
+
+def test_actor_processes_insert_through_shared_memory() -> None:
+    ctx = multiprocessing.get_context("spawn")
+    config = ReplayConfig(capacity=1000, min_size_to_sample=50, samples_per_insert=1.0, error_buffer=100.0)
+    with ReplayTable.create(SIG, config, shared=True, seed=0) as table:
+        actors = [ctx.Process(target=_actor, args=(table.handle(), 1000 * i, 300)) for i in range(2)]
+        for p in actors:
+            p.start()
+        sampled = 0
+        while sampled < 500:  # the limiter keeps the actors at most ~100 items ahead of the learner
+            batch = table.sample(25, timeout=30)
+            assert batch is not None
+            sampled += 25
+            stats = table.stats()
+            assert stats.inserts * 1.0 - stats.samples <= 50 + 100 + 10
+        for p in actors:
+            p.join(30)
+            assert p.exitcode == 0
+        _, arrays = table.export_state()
+        assert sorted(arrays["step"]) == [*range(300), *range(1000, 1300)]
+
+
+def test_attach_to_a_closed_table_is_a_clear_error() -> None:
+    table = ReplayTable.create(SIG, ReplayConfig(capacity=2), shared=True)
+    handle = table.handle()
+    table.close()
+    with pytest.raises(ReplayError, match=re.escape(f"ReplayTable.attach: no shared-memory segment {handle.name!r}")):
+        ReplayTable.attach(handle)
+
+
+def test_generated_proto_code_is_up_to_date(tmp_path: Path) -> None:
+    subprocess.run([str(REPO / "scripts" / "gen_replay_proto.sh"), str(tmp_path)], check=True, capture_output=True)
+    for path in sorted((REPO / "cloud" / "_replay_proto").glob("*.py*")):
+        assert (tmp_path / path.name).read_text() == path.read_text(), path.name
