@@ -1,0 +1,1 @@
+"""Generated gRPC code for strata; regenerate with scripts/gen_proto.sh, never edit."""
