@@ -1,0 +1,845 @@
+"""The local function runtime: Lambda's Invoke HTTP API on loopback, warm awslambdaric workers behind it.
+
+Unmodified boto3 drives it (``endpoint_url=...`` or ``AWS_ENDPOINT_URL_LAMBDA``); the code path that
+invokes AWS Lambda invokes this. One request's life:
+
+    POST /2015-03-31/functions/{name}/invocations
+      -> resolve name[:qualifier] (FunctionSource)         404 ResourceNotFoundException
+      -> payload limits (6 MB sync, 1 MB async)            413 RequestTooLargeException
+      -> fault: throttle / service error                    429 TooManyRequestsException / 500 ServiceException
+      -> DryRun: 204 | Event: queue, 202 | RequestResponse:
+      -> take an idle warm worker, or start one (cold)     429 when the function's concurrency is used up
+      -> deliver through the worker's Runtime API shim     (GET /2018-06-01/runtime/invocation/next)
+      -> wait for /response or /error, or the timeout      timeout or exit: kill worker, Unhandled error
+      -> 200 + X-Amz-Executed-Version [+ X-Amz-Function-Error] [+ X-Amz-Log-Result for LogType Tail]
+
+Workers are ``python -m functions._worker HANDLER`` processes running the official `awslambdaric`
+runtime interface client, so handlers get real ``context`` objects and Lambda's error shapes. A
+worker's state machine: STARTING -> IDLE <-> BUSY -> DEAD (killed on timeout, crash or shutdown);
+workers stay warm until the runtime stops. Memory is enforced as an address-space limit
+(RLIMIT_AS = memory_mb + `RuntimeConfig.address_space_slack_mb`, because CPython + numpy reserve
+several hundred MB of untouched virtual memory); Lambda limits resident memory, so this is looser.
+
+Event invocations are queued and run by the function's dispatcher threads, retried twice on a
+function error (as Lambda does), and may be delivered twice on purpose (`FaultConfig.duplicate_rate`):
+async invocation is at-least-once.
+
+Functions come from a `FunctionSource`: `SourceTreeFunctions` serves handlers importable from the
+source tree. Reading a deployment back from an AWS endpoint (GetFunction + the code zip) is the
+infra tier's: it implements `FunctionSource` and registers a factory with `register_endpoint_source`.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import contextlib
+import enum
+import json
+import os
+import queue
+import random
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import parse_qs, unquote, urlparse
+
+from functions._errors import RuntimeConfigError
+
+SYNC_PAYLOAD_LIMIT = 6 * 1024 * 1024
+ASYNC_PAYLOAD_LIMIT = 1024 * 1024
+LOG_TAIL_BYTES = 4096
+INIT_TIMEOUT_S = 10.0
+ACCOUNT_ID = "000000000000"
+_INVOKE_PREFIX = "/2015-03-31/functions/"
+_RUNTIME_PREFIX = "/2018-06-01/runtime/"
+_REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+# ---- configuration ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class FunctionSpec:
+    """One function the runtime serves."""
+
+    name: str
+    """Function name, as in ``FunctionName``."""
+    handler: str
+    """``module.attribute`` of the handler, e.g. ``functions._handlers.rollout_handler``."""
+    timeout_s: float = 30.0
+    """Longest one invocation may run (Lambda: 1-900 s); past it the worker is killed."""
+    memory_mb: int = 1024
+    """Memory size (Lambda: 128-10240 MB), reported to the handler and enforced as RLIMIT_AS (see module doc)."""
+    reserved_concurrency: int = 4
+    """Most concurrent invocations (= warm workers); one more synchronous invocation gets 429."""
+    environment: Mapping[str, str] = field(default_factory=dict)
+    """Environment variables of the function (Lambda's function configuration)."""
+    versions: tuple[str, ...] = ()
+    """Published version numbers a ``Qualifier`` may name, besides ``$LATEST`` (all run the same code here)."""
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    """Alias name -> version."""
+    code_dir: str | None = None
+    """Directory prepended to the workers' PYTHONPATH (an unpacked deployment package); None: the source tree."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.timeout_s <= 900:
+            raise RuntimeConfigError(f"FunctionSpec({self.name!r}): timeout_s must be in (0, 900], "
+                                     f"got {self.timeout_s}")
+        if not 128 <= self.memory_mb <= 10240:
+            raise RuntimeConfigError(f"FunctionSpec({self.name!r}): memory_mb must be in [128, 10240], "
+                                     f"got {self.memory_mb}")
+        if self.reserved_concurrency < 1:
+            raise RuntimeConfigError(f"FunctionSpec({self.name!r}): reserved_concurrency must be >= 1, "
+                                     f"got {self.reserved_concurrency}")
+        if "." not in self.handler:
+            raise RuntimeConfigError(f"FunctionSpec({self.name!r}): handler must be 'module.attribute', "
+                                     f"got {self.handler!r}")
+
+    def resolve(self, qualifier: str | None) -> str | None:
+        """The version a qualifier names (``$LATEST``, a version or an alias), or None when unknown."""
+        if qualifier in (None, "", "$LATEST"):
+            return "$LATEST"
+        if qualifier in self.versions:
+            return qualifier
+        return self.aliases.get(qualifier) if qualifier is not None else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultConfig:
+    """Faults the runtime injects, to test callers against Lambda's failure modes."""
+
+    throttle_rate: float = 0.0
+    """Fraction of invocations answered 429 TooManyRequestsException before running."""
+    service_error_rate: float = 0.0
+    """Fraction of invocations answered 500 ServiceException before running."""
+    duplicate_rate: float = 0.0
+    """Fraction of Event invocations delivered twice (async invocation is at-least-once)."""
+    cold_start_delay_s: float = 0.0
+    """Extra seconds every new worker sleeps before it starts polling (a slow init)."""
+    crash_rate: float = 0.0
+    """Fraction of invocations whose worker is killed right after delivery (Runtime.ExitError)."""
+    seed: int | None = None
+    """Seed of the fault dice; None: random."""
+
+    def __post_init__(self) -> None:
+        for name in ("throttle_rate", "service_error_rate", "duplicate_rate", "crash_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise RuntimeConfigError(f"FaultConfig: {name} must be in [0, 1], got {value}")
+        if self.cold_start_delay_s < 0:
+            raise RuntimeConfigError(f"FaultConfig: cold_start_delay_s must be >= 0, got {self.cold_start_delay_s}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeConfig:
+    """Settings of the local function runtime."""
+
+    host: str = "127.0.0.1"
+    """Interface to listen on (loopback only in strata's setups)."""
+    port: int = 9001
+    """TCP port; 0 picks a free one."""
+    region: str = "us-east-1"
+    """Region in the function ARNs and the workers' AWS_REGION."""
+    account_concurrency: int = 1000
+    """Concurrent executions across all functions (Lambda's regional default is 1000)."""
+    enforce_memory: bool = True
+    """Apply RLIMIT_AS to workers (see the module docstring)."""
+    address_space_slack_mb: int = 2048
+    """Virtual memory allowed on top of memory_mb (interpreter and library reservations)."""
+    async_retries: int = 2
+    """Retries of an Event invocation whose function failed (Lambda: 2)."""
+    async_retry_delay_s: float = 0.2
+    """Delay before each async retry (Lambda waits about a minute; short here)."""
+
+
+class FunctionSource(Protocol):
+    """Where the runtime's functions come from (the source tree now; an AWS deployment via the infra tier)."""
+
+    def get(self, name: str) -> FunctionSpec | None:
+        """The function called `name`, or None."""
+        ...
+
+    def names(self) -> list[str]:
+        """Every function name served."""
+        ...
+
+
+class SourceTreeFunctions:
+    """Functions whose handlers are importable from the source tree (or their `FunctionSpec.code_dir`)."""
+
+    def __init__(self, specs: list[FunctionSpec]) -> None:
+        self._specs = {s.name: s for s in specs}
+        if len(self._specs) != len(specs):
+            raise RuntimeConfigError(f"SourceTreeFunctions: duplicate function names in {[s.name for s in specs]}")
+
+    def get(self, name: str) -> FunctionSpec | None:
+        """The function called `name`, or None."""
+        return self._specs.get(name)
+
+    def names(self) -> list[str]:
+        """Every function name served."""
+        return sorted(self._specs)
+
+
+EndpointSourceFactory = Callable[[str, str], FunctionSource]
+_endpoint_sources: list[EndpointSourceFactory] = []
+
+
+def register_endpoint_source(factory: EndpointSourceFactory) -> None:
+    """Register how ``--from-endpoint URL --stage S`` reads a deployment back (``factory(url, stage)``)."""
+    _endpoint_sources[:] = [factory]
+
+
+def endpoint_source(url: str, stage: str) -> FunctionSource:
+    """The registered endpoint source for `url` and `stage`.
+
+    Raises:
+        RuntimeConfigError: no factory is registered (the infra tier provides it).
+    """
+    if not _endpoint_sources:
+        raise RuntimeConfigError(f"functions serve --from-endpoint {url}: reading a deployment back from an AWS "
+                                 "endpoint is provided by the infra tier and is not registered in this build; "
+                                 "serve handlers from the source tree with --function NAME=module.handler")
+    return _endpoint_sources[0](url, stage)
+
+
+DEFAULT_FUNCTIONS = (
+    FunctionSpec(name="strata-rollout", handler="functions._handlers.rollout_handler"),
+    FunctionSpec(name="strata-ping", handler="functions._handlers.ping_handler"),
+)
+
+
+def parse_function_option(text: str) -> FunctionSpec:
+    """Parse ``NAME=module.handler[,timeout=S][,memory=MB][,concurrency=N][,versions=1+2][,alias=A:V]``.
+
+    Raises:
+        RuntimeConfigError: the text does not have that form.
+    """
+    name, sep, rest = text.partition("=")
+    if not sep or not name or not rest:
+        raise RuntimeConfigError(f"--function {text!r}: expected NAME=module.handler[,timeout=S,memory=MB,"
+                                 "concurrency=N,versions=1+2,alias=NAME:VERSION]")
+    handler, *options = rest.split(",")
+    kwargs: dict[str, Any] = {}
+    aliases: dict[str, str] = {}
+    try:
+        for option in options:
+            key, _, value = option.partition("=")
+            if key == "timeout":
+                kwargs["timeout_s"] = float(value)
+            elif key == "memory":
+                kwargs["memory_mb"] = int(value)
+            elif key == "concurrency":
+                kwargs["reserved_concurrency"] = int(value)
+            elif key == "versions":
+                kwargs["versions"] = tuple(value.split("+"))
+            elif key == "alias":
+                alias, _, version = value.partition(":")
+                aliases[alias] = version
+            else:
+                raise RuntimeConfigError(f"--function {text!r}: unknown option {key!r}; use timeout, memory, "
+                                         "concurrency, versions or alias")
+    except ValueError as exc:
+        if isinstance(exc, RuntimeConfigError):
+            raise
+        raise RuntimeConfigError(f"--function {text!r}: {exc}; numbers are expected for timeout, memory and "
+                                 "concurrency") from exc
+    return FunctionSpec(name=name, handler=handler, aliases=aliases, **kwargs)
+
+
+# ---- invocations and workers --------------------------------------------------------------------------------
+
+@dataclass
+class _Outcome:
+    body: bytes
+    error_type: str | None = None
+    """None on success, else the function error (reported as ``X-Amz-Function-Error: Unhandled``)."""
+
+
+class _Invocation:
+    """One delivery of an event to a worker."""
+
+    def __init__(self, spec: FunctionSpec, version: str, payload: bytes, client_context: str | None) -> None:
+        self.spec = spec
+        self.version = version
+        self.payload = payload
+        self.client_context = client_context
+        self.request_id = str(uuid.uuid4())
+        self.delivered = threading.Event()
+        self.delivered_at = 0.0
+        self.done = threading.Event()
+        self.outcome: _Outcome | None = None
+        self._lock = threading.Lock()
+
+    def finish(self, outcome: _Outcome) -> bool:
+        """Record the outcome unless one is already recorded; True when this call recorded it."""
+        with self._lock:
+            if self.outcome is not None:
+                return False
+            self.outcome = outcome
+        self.done.set()
+        return True
+
+
+def _error_body(message: str, error_type: str) -> bytes:
+    return json.dumps({"errorMessage": message, "errorType": error_type}).encode()
+
+
+class WorkerState(enum.Enum):
+    """Life of a worker process."""
+
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"
+    DEAD = "dead"
+
+
+class _Worker:
+    """One awslambdaric process and the Runtime API shim it polls."""
+
+    def __init__(self, spec: FunctionSpec, runtime: LocalRuntime) -> None:
+        self.spec = spec
+        self.state = WorkerState.STARTING
+        self.invocations = 0
+        self._runtime = runtime
+        self._next: queue.Queue[_Invocation | None] = queue.Queue()
+        self._current: _Invocation | None = None
+        self._init_error: bytes | None = None
+        self._log = bytearray()
+        self._log_lock = threading.Lock()
+        self._shim = ThreadingHTTPServer(("127.0.0.1", 0), _make_shim_handler(self))
+        self._shim.daemon_threads = True
+        threading.Thread(target=self._shim.serve_forever, name=f"shim-{spec.name}", daemon=True).start()
+        env = self._environment(runtime.config, runtime.faults)
+        self.proc = subprocess.Popen([sys.executable, "-m", "functions._worker", spec.handler], env=env,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     cwd=spec.code_dir or _REPO_ROOT, start_new_session=True)
+        assert self.proc.stdout is not None
+        self._fd = self.proc.stdout.fileno()
+        os.set_blocking(self._fd, False)
+        threading.Thread(target=self._pump_logs, name=f"log-{spec.name}", daemon=True).start()
+        threading.Thread(target=self._watch, name=f"watch-{spec.name}", daemon=True).start()
+
+    def _environment(self, config: RuntimeConfig, faults: FaultConfig) -> dict[str, str]:
+        spec = self.spec
+        path = [p for p in (spec.code_dir, _REPO_ROOT, os.environ.get("PYTHONPATH")) if p]
+        env = {**os.environ, **spec.environment}
+        env.update({
+            "AWS_LAMBDA_RUNTIME_API": f"127.0.0.1:{self._shim.server_address[1]}",
+            "AWS_LAMBDA_FUNCTION_NAME": spec.name, "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
+            "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(spec.memory_mb),
+            "AWS_LAMBDA_LOG_GROUP_NAME": f"/aws/lambda/{spec.name}",
+            "AWS_LAMBDA_LOG_STREAM_NAME": f"local/{uuid.uuid4().hex}",
+            "AWS_REGION": config.region, "AWS_DEFAULT_REGION": env.get("AWS_DEFAULT_REGION", config.region),
+            "AWS_EXECUTION_ENV": "AWS_Lambda_python3.11", "_HANDLER": spec.handler,
+            "LAMBDA_TASK_ROOT": spec.code_dir or _REPO_ROOT, "PYTHONPATH": os.pathsep.join(path),
+            # One Lambda vCPU per 1769 MB; a worker must not spawn a BLAS thread per core of the host.
+            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+        })
+        if config.enforce_memory:
+            env["STRATA_RLIMIT_AS_BYTES"] = str((spec.memory_mb + config.address_space_slack_mb) * 1024 * 1024)
+        if faults.cold_start_delay_s > 0:
+            env["STRATA_COLD_START_DELAY_S"] = str(faults.cold_start_delay_s)
+        return env
+
+    # -- logs --
+    def _pump_logs(self) -> None:
+        while self.state is not WorkerState.DEAD:
+            with contextlib.suppress(OSError, ValueError):
+                ready, _, _ = select.select([self._fd], [], [], 0.2)
+                if ready and not self.drain_logs():
+                    return  # EOF: the process closed its stdout
+
+    def drain_logs(self) -> bool:
+        """Move whatever the worker has written into the log buffer; False at end of file."""
+        with self._log_lock:
+            while True:
+                try:
+                    chunk = os.read(self._fd, 65536)
+                except BlockingIOError:
+                    return True
+                except OSError:
+                    return False
+                if not chunk:
+                    return False
+                self._log += chunk
+                if len(self._log) > 256 * 1024:
+                    del self._log[:-64 * 1024]
+
+    def log_mark(self) -> int:
+        """Current end of the log buffer."""
+        with self._log_lock:
+            return len(self._log)
+
+    def log_since(self, mark: int) -> bytes:
+        """Log bytes written after `mark` (best effort once the buffer has been trimmed)."""
+        self.drain_logs()
+        with self._log_lock:
+            return bytes(self._log[min(mark, len(self._log)):])
+
+    # -- invocation protocol (runtime side) --
+    def deliver(self, invocation: _Invocation) -> None:
+        """Hand `invocation` to the worker's next poll."""
+        self.state = WorkerState.BUSY
+        self._current = invocation
+        self._next.put(invocation)
+
+    def _watch(self) -> None:
+        self.proc.wait()
+        self.state = WorkerState.DEAD
+        self._next.put(None)
+        self.drain_logs()
+        current = self._current
+        if current is not None:
+            if self._init_error is not None:
+                current.finish(_Outcome(self._init_error, "Unhandled"))
+            else:
+                code = self.proc.returncode
+                how = f"signal: {signal.Signals(-code).name.lower()}" if code < 0 else f"exit status {code}"
+                current.finish(_Outcome(_error_body(f"RequestId: {current.request_id} Error: Runtime exited "
+                                                    f"with error: {how}", "Runtime.ExitError"), "Unhandled"))
+        self._shim.shutdown()
+        self._shim.server_close()
+        self._runtime.worker_died(self)
+
+    def kill(self) -> None:
+        """Stop the process at once (timeout, crash injection, shutdown)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    # -- invocation protocol (worker side, called by the shim) --
+    def next_invocation(self) -> _Invocation | None:
+        if self.state is WorkerState.STARTING:
+            self.state = WorkerState.IDLE
+        inv = self._next.get()
+        if inv is not None:
+            inv.delivered_at = time.monotonic()
+            inv.delivered.set()
+        return inv
+
+    def complete(self, request_id: str, body: bytes, error_type: str | None) -> bool:
+        current = self._current
+        if current is None or current.request_id != request_id:
+            return False
+        current.finish(_Outcome(body, error_type))
+        return True
+
+    def init_failed(self, body: bytes) -> None:
+        self._init_error = body
+
+    def release(self) -> None:
+        """Back to the idle pool after an invocation finished."""
+        self._current = None
+        self.invocations += 1
+        if self.state is WorkerState.BUSY:
+            self.state = WorkerState.IDLE
+
+
+def _make_shim_handler(worker: _Worker) -> type[BaseHTTPRequestHandler]:
+    class Shim(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            super().setup()
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def _reply(self, status: int, body: bytes = b"", headers: Mapping[str, str] | None = None) -> None:
+            _write_response(self, status, body, headers or {})
+
+        def do_GET(self) -> None:
+            if self.path != _RUNTIME_PREFIX + "invocation/next":
+                self._reply(404, b'{"errorMessage": "unknown runtime API path"}')
+                return
+            inv = worker.next_invocation()
+            if inv is None:
+                self._reply(500, b'{"errorMessage": "runtime is shutting down"}')
+                return
+            deadline_ms = int((time.time() + inv.spec.timeout_s) * 1000)
+            arn = f"arn:aws:lambda:{worker._runtime.config.region}:{ACCOUNT_ID}:function:{inv.spec.name}"
+            headers = {"Lambda-Runtime-Aws-Request-Id": inv.request_id,
+                       "Lambda-Runtime-Deadline-Ms": str(deadline_ms),
+                       "Lambda-Runtime-Invoked-Function-Arn": arn if inv.version == "$LATEST"
+                       else f"{arn}:{inv.version}",
+                       "Lambda-Runtime-Trace-Id": f"Root=1-{int(time.time()):08x}-{uuid.uuid4().hex[:24]}",
+                       "Content-Type": "application/json"}
+            if inv.client_context:
+                headers["Lambda-Runtime-Client-Context"] = inv.client_context
+            self._reply(200, inv.payload, headers)
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            parts = self.path[len(_RUNTIME_PREFIX):].split("/")
+            if parts == ["init", "error"]:
+                worker.init_failed(body)
+                self._reply(202, b'{"status": "OK"}')
+                return
+            if len(parts) == 3 and parts[0] == "invocation" and parts[2] in ("response", "error"):
+                worker.drain_logs()  # the handler's prints reached the pipe before this POST was sent
+                ok = worker.complete(parts[1], body, None if parts[2] == "response" else "Unhandled")
+                self._reply(202 if ok else 400, b'{"status": "OK"}' if ok else b'{"errorMessage": "unknown id"}')
+                return
+            self._reply(404, b'{"errorMessage": "unknown runtime API path"}')
+
+    return Shim
+
+
+def _write_response(handler: BaseHTTPRequestHandler, status: int, body: bytes, headers: Mapping[str, str]) -> None:
+    # One write for status line, headers and body: with separate writes Nagle + delayed ACK add ~40 ms.
+    lines = [f"HTTP/1.1 {status} {handler.responses.get(status, ('',))[0]}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    lines += [f"Content-Length: {len(body)}", "Date: " + handler.date_time_string(), "", ""]
+    handler.wfile.write("\r\n".join(lines).encode("latin-1") + body)
+    handler.wfile.flush()
+
+
+# ---- the runtime --------------------------------------------------------------------------------------------
+
+@dataclass
+class FunctionStats:
+    """Counters of one function."""
+
+    invocations: int = 0
+    cold_starts: int = 0
+    throttles: int = 0
+    timeouts: int = 0
+    errors: int = 0
+    async_deliveries: int = 0
+    duplicates_injected: int = 0
+
+
+class _ApiError(Exception):
+    def __init__(self, status: int, error_type: str, body: Mapping[str, Any],
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(error_type)
+        self.status, self.error_type, self.body, self.headers = status, error_type, body, dict(headers or {})
+
+
+class LocalRuntime:
+    """Lambda's Invoke API on loopback, backed by warm awslambdaric worker processes (see the module docstring).
+
+    Args:
+        functions: What to serve.
+        config: Listening address and limits.
+        faults: Faults to inject (none by default).
+    """
+
+    def __init__(self, functions: FunctionSource, *, config: RuntimeConfig | None = None,
+                 faults: FaultConfig | None = None) -> None:
+        self.functions = functions
+        self.config = config or RuntimeConfig()
+        self.faults = faults or FaultConfig()
+        self.stats: dict[str, FunctionStats] = collections.defaultdict(FunctionStats)
+        self._rng = random.Random(self.faults.seed)
+        self._lock = threading.Condition()
+        self._workers: dict[str, list[_Worker]] = collections.defaultdict(list)
+        self._busy = 0
+        self._async: dict[str, queue.Queue[tuple[_Invocation, int] | None]] = {}
+        self._server: ThreadingHTTPServer | None = None
+        self._closed = False
+
+    # -- lifecycle --
+    def start(self) -> LocalRuntime:
+        """Bind and serve in a background thread; returns self."""
+        self._server = ThreadingHTTPServer((self.config.host, self.config.port), _make_api_handler(self))
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, name="lambda-api", daemon=True).start()
+        return self
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` to pass as boto3's ``endpoint_url``."""
+        assert self._server is not None, "LocalRuntime.url: call start() first"
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def stop(self) -> None:
+        """Stop serving and kill every worker."""
+        self._closed = True
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        for q in self._async.values():
+            q.put(None)
+        with self._lock:
+            workers = [w for ws in self._workers.values() for w in ws]
+            self._lock.notify_all()
+        for w in workers:
+            w.kill()
+        for w in workers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.proc.wait(timeout=5)
+
+    def __enter__(self) -> LocalRuntime:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def warm_workers(self, name: str) -> int:
+        """Live worker processes of function `name`."""
+        with self._lock:
+            return sum(1 for w in self._workers[name] if w.state is not WorkerState.DEAD)
+
+    # -- pool --
+    def _acquire(self, spec: FunctionSpec, *, wait: bool) -> tuple[_Worker, bool] | None:
+        """An idle worker (or a new one, cold) for `spec`; None when at the concurrency cap and not waiting."""
+        with self._lock:
+            while not self._closed:
+                workers = self._workers[spec.name]
+                for w in workers:
+                    if w.state is WorkerState.IDLE:
+                        w.state = WorkerState.BUSY
+                        self._busy += 1
+                        return w, False
+                live = sum(1 for w in workers if w.state is not WorkerState.DEAD)
+                if live < spec.reserved_concurrency and self._busy < self.config.account_concurrency:
+                    worker = _Worker(spec, self)
+                    worker.state = WorkerState.BUSY
+                    workers.append(worker)
+                    self._busy += 1
+                    self.stats[spec.name].cold_starts += 1  # under self._lock
+                    return worker, True
+                if not wait:
+                    return None
+                self._lock.wait(timeout=0.5)
+        return None
+
+    def _release(self, worker: _Worker) -> None:
+        with self._lock:
+            self._busy -= 1
+            worker.release()
+            self._lock.notify_all()
+
+    def worker_died(self, worker: _Worker) -> None:
+        """Drop a dead worker from its pool (called by the worker's watcher thread)."""
+        with self._lock:
+            workers = self._workers[worker.spec.name]
+            if worker in workers:
+                workers.remove(worker)
+            self._lock.notify_all()
+
+    # -- invoking --
+    def run(self, spec: FunctionSpec, version: str, payload: bytes, *, client_context: str | None = None,
+            wait_for_worker: bool = False) -> tuple[_Outcome, _Invocation, bytes] | None:
+        """Run one invocation to its outcome; None when throttled (no worker and not waiting)."""
+        got = self._acquire(spec, wait=wait_for_worker)
+        if got is None:
+            return None
+        worker, cold = got
+        self._count(spec.name, "invocations")
+        inv = _Invocation(spec, version, payload, client_context)
+        mark = worker.log_mark()
+        started = time.monotonic()
+        worker.deliver(inv)
+        try:
+            init_allowance = INIT_TIMEOUT_S + self.faults.cold_start_delay_s if cold else 0.0
+            if self.faults.crash_rate and self._roll(self.faults.crash_rate) and inv.delivered.wait(
+                    init_allowance + spec.timeout_s):
+                worker.kill()
+            if not inv.delivered.wait(init_allowance + spec.timeout_s) and not inv.done.is_set():
+                worker.kill()
+                inv.finish(_Outcome(_error_body(f"RequestId: {inv.request_id} Error: the function did not "
+                                                f"initialise within {init_allowance:g} s",
+                                                "Runtime.InitTimeout"), "Unhandled"))
+            remaining = spec.timeout_s - (time.monotonic() - (inv.delivered_at or started))
+            if not inv.done.wait(max(remaining, 0.0)):
+                worker.kill()
+                self._count(spec.name, "timeouts")
+                inv.finish(_Outcome(_error_body(f"{time.strftime('%Y-%m-%dT%H:%M:%S')}Z {inv.request_id} "
+                                                f"Task timed out after {spec.timeout_s:.2f} seconds",
+                                                "Sandbox.Timedout"), "Unhandled"))
+            inv.done.wait()
+        finally:
+            self._release(worker)
+        outcome = inv.outcome
+        assert outcome is not None
+        if outcome.error_type is not None:
+            self._count(spec.name, "errors")
+        duration_ms = (time.monotonic() - (inv.delivered_at or started)) * 1000
+        logs = (f"START RequestId: {inv.request_id} Version: {version}\n".encode() + worker.log_since(mark)
+                + f"END RequestId: {inv.request_id}\nREPORT RequestId: {inv.request_id}\tDuration: "
+                  f"{duration_ms:.2f} ms\tBilled Duration: {max(1, int(duration_ms + 0.999))} ms\tMemory Size: "
+                  f"{spec.memory_mb} MB\n".encode())
+        return outcome, inv, logs
+
+    def _count(self, name: str, counter: str, by: int = 1) -> None:
+        with self._lock:
+            stats = self.stats[name]
+            setattr(stats, counter, getattr(stats, counter) + by)
+
+    def _roll(self, rate: float) -> bool:
+        with self._lock:
+            return rate > 0 and self._rng.random() < rate
+
+    def enqueue_async(self, spec: FunctionSpec, version: str, payload: bytes, client_context: str | None) -> None:
+        """Queue an Event invocation (and, by `FaultConfig.duplicate_rate`, a duplicate of it)."""
+        with self._lock:
+            q = self._async.get(spec.name)
+            if q is None:
+                q = self._async[spec.name] = queue.Queue()
+                for i in range(spec.reserved_concurrency):
+                    threading.Thread(target=self._dispatch, args=(spec.name, q), name=f"async-{spec.name}-{i}",
+                                     daemon=True).start()
+        copies = 2 if self._roll(self.faults.duplicate_rate) else 1
+        self._count(spec.name, "duplicates_injected", copies - 1)
+        for _ in range(copies):
+            q.put((_Invocation(spec, version, payload, client_context), 0))
+
+    def _dispatch(self, name: str, q: queue.Queue[tuple[_Invocation, int] | None]) -> None:
+        while not self._closed:
+            item = q.get()
+            if item is None:
+                return
+            template, attempt = item
+            result = self.run(template.spec, template.version, template.payload,
+                              client_context=template.client_context, wait_for_worker=True)
+            self._count(name, "async_deliveries")
+            if result is not None and result[0].error_type is not None and attempt < self.config.async_retries:
+                time.sleep(self.config.async_retry_delay_s * (attempt + 1))
+                q.put((template, attempt + 1))
+
+    def serve_forever(self) -> None:
+        """Block until interrupted (the CLI's loop)."""
+        try:
+            while not self._closed:
+                time.sleep(0.5)
+        finally:
+            self.stop()
+
+    # -- the HTTP API --
+    def handle_invoke(self, function: str, query: Mapping[str, list[str]], headers: Mapping[str, str],
+                      payload: bytes) -> tuple[int, bytes, dict[str, str]]:
+        """Answer one Invoke request: ``(status, body, headers)`` (raises `_ApiError` for AWS error shapes)."""
+        name, qualifier = _split_function_name(function)
+        qualifier = query.get("Qualifier", [qualifier])[0] or qualifier
+        spec = self.functions.get(name)
+        version = spec.resolve(qualifier) if spec is not None else None
+        arn = f"arn:aws:lambda:{self.config.region}:{ACCOUNT_ID}:function:{name}"
+        if spec is None or version is None:
+            target = f"{arn}:{qualifier}" if qualifier else arn
+            raise _ApiError(404, "ResourceNotFoundException",
+                            {"Type": "User", "Message": f"Function not found: {target}"})
+        invocation_type = headers.get("x-amz-invocation-type", "RequestResponse")
+        if invocation_type not in ("RequestResponse", "Event", "DryRun"):
+            raise _ApiError(400, "InvalidParameterValueException",
+                            {"Type": "User", "message": f"Unsupported invocation type {invocation_type}"})
+        limit = ASYNC_PAYLOAD_LIMIT if invocation_type == "Event" else SYNC_PAYLOAD_LIMIT
+        if len(payload) > limit:
+            raise _ApiError(413, "RequestTooLargeException", {
+                "Type": "User", "message": f"Request must be smaller than {limit} bytes for the InvokeFunction "
+                                           "operation"})
+        if payload:
+            try:
+                json.loads(payload)
+            except ValueError as exc:
+                raise _ApiError(400, "InvalidRequestContentException", {
+                    "Type": "User", "message": f"Could not parse request body into json: {exc}"}) from exc
+        else:
+            payload = b"{}"
+        if self._roll(self.faults.throttle_rate):
+            self._count(name, "throttles")
+            raise _ApiError(429, "TooManyRequestsException", {
+                "Type": "User", "message": "Rate Exceeded.", "Reason": "CallerRateLimitExceeded"},
+                {"Retry-After": "1"})
+        if self._roll(self.faults.service_error_rate):
+            raise _ApiError(500, "ServiceException", {"Type": "Service", "Message": "injected service error"})
+        client_context = headers.get("x-amz-client-context")
+        if client_context:
+            client_context = base64.b64decode(client_context).decode("utf-8", errors="replace")
+        if invocation_type == "DryRun":
+            return 204, b"", {}
+        if invocation_type == "Event":
+            self.enqueue_async(spec, version, payload, client_context)
+            return 202, b"", {}
+        result = self.run(spec, version, payload, client_context=client_context)
+        if result is None:
+            self._count(name, "throttles")
+            raise _ApiError(429, "TooManyRequestsException", {
+                "Type": "User", "message": "Rate Exceeded.",
+                "Reason": "ReservedFunctionConcurrentInvocationLimitExceeded"}, {"Retry-After": "1"})
+        outcome, _, logs = result
+        body, error_type = outcome.body, outcome.error_type
+        if len(body) > SYNC_PAYLOAD_LIMIT:
+            body = _error_body(f"Response payload size ({len(body)} bytes) exceeded maximum allowed payload size "
+                               f"({SYNC_PAYLOAD_LIMIT} bytes).", "Function.ResponseSizeTooLarge")
+            error_type = "Unhandled"
+        out = {"X-Amz-Executed-Version": version, "Content-Type": "application/json"}
+        if error_type is not None:
+            out["X-Amz-Function-Error"] = error_type
+        if headers.get("x-amz-log-type") == "Tail":
+            out["X-Amz-Log-Result"] = base64.b64encode(logs[-LOG_TAIL_BYTES:]).decode("ascii")
+        return 200, body, out
+
+
+def _split_function_name(text: str) -> tuple[str, str | None]:
+    """``name``, ``name:qualifier`` or an ARN (full or partial) -> ``(name, qualifier)``."""
+    parts = unquote(text).split(":")
+    if "function" in parts:
+        parts = parts[parts.index("function") + 1:]
+    return parts[0], (parts[1] if len(parts) > 1 else None)
+
+
+def _make_api_handler(runtime: LocalRuntime) -> type[BaseHTTPRequestHandler]:
+    class Api(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            super().setup()
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def _error(self, exc: _ApiError) -> None:
+            headers = {"x-amzn-ErrorType": exc.error_type, "Content-Type": "application/json",
+                       "x-amzn-RequestId": str(uuid.uuid4()), **exc.headers}
+            _write_response(self, exc.status, json.dumps(exc.body).encode(), headers)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                _write_response(self, 200, json.dumps({"functions": runtime.functions.names()}).encode(),
+                                {"Content-Type": "application/json"})
+                return
+            self._error(_ApiError(404, "UnknownOperationException", {"Type": "User", "message": "Unknown operation"}))
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            url = urlparse(self.path)
+            if not (url.path.startswith(_INVOKE_PREFIX) and url.path.endswith("/invocations")):
+                self.rfile.read(length)
+                self._error(_ApiError(404, "UnknownOperationException", {"Type": "User",
+                                                                          "message": "Unknown operation"}))
+                return
+            if length > SYNC_PAYLOAD_LIMIT:
+                # Read and drop an oversized body in chunks (the client sends it all before reading the 413).
+                left = length
+                while left > 0:
+                    left -= len(self.rfile.read(min(left, 1 << 20))) or left
+                payload = b"\0" * (SYNC_PAYLOAD_LIMIT + 1)
+            else:
+                payload = self.rfile.read(length)
+            function = url.path[len(_INVOKE_PREFIX):-len("/invocations")]
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            try:
+                status, body, out = runtime.handle_invoke(function, parse_qs(url.query), headers, payload)
+            except _ApiError as exc:
+                self._error(exc)
+                return
+            out["x-amzn-RequestId"] = str(uuid.uuid4())
+            _write_response(self, status, body, out)
+
+    return Api
