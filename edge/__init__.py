@@ -1,3 +1,70 @@
-"""strata's edge tier: the edge agent, its MQTT link, policy cache, simulators and telemetry."""
+"""strata's edge tier: the edge agent, its MQTT link, policy cache, simulators and telemetry.
 
-__all__: list[str] = []
+Start with `EdgeAgent` (``strata edge run``), `Publisher` / `publish_bundle` (``strata publish``) and
+`FleetMonitor` (``strata fleet``). The MQTT topic and payload contract lives in `edge._topics`.
+"""
+
+from edge._agent import AgentCounters, EdgeAgent, EdgeAgentConfig
+from edge._broker_config import BrokerFiles, mosquitto_hash, write_broker_config
+from edge._cache import PolicyCache
+from edge._embedded_broker import EmbeddedBroker
+from edge._errors import CacheError, EdgeConfigError, EdgeError, PayloadError, PublishError
+from edge._fleet import FleetMonitor, NodeView, format_fleet_table
+from edge._mqtt import LinkConfig, LinkState, MqttLink, PublishResult, PublishState, parse_broker_url
+from edge._outbox import Outbox, OutboxConfig, OutboxStats
+from edge._policy import HealthConfig, HealthReport, OnnxPolicy, check_policy
+from edge._publish import Publisher, publish_bundle
+from edge._topics import (
+    Announcement,
+    Chunk,
+    ChunkAssembler,
+    Control,
+    Experience,
+    FleetTopics,
+    NodeStatus,
+    Telemetry,
+    split_bundle,
+)
+
+__all__ = [
+    "AgentCounters",
+    "Announcement",
+    "BrokerFiles",
+    "CacheError",
+    "Chunk",
+    "ChunkAssembler",
+    "Control",
+    "EdgeAgent",
+    "EdgeAgentConfig",
+    "EdgeConfigError",
+    "EdgeError",
+    "EmbeddedBroker",
+    "Experience",
+    "FleetMonitor",
+    "FleetTopics",
+    "HealthConfig",
+    "HealthReport",
+    "LinkConfig",
+    "LinkState",
+    "MqttLink",
+    "NodeStatus",
+    "NodeView",
+    "OnnxPolicy",
+    "Outbox",
+    "OutboxConfig",
+    "OutboxStats",
+    "PayloadError",
+    "PolicyCache",
+    "PublishError",
+    "PublishResult",
+    "PublishState",
+    "Publisher",
+    "Telemetry",
+    "check_policy",
+    "format_fleet_table",
+    "mosquitto_hash",
+    "parse_broker_url",
+    "publish_bundle",
+    "split_bundle",
+    "write_broker_config",
+]

@@ -1,9 +1,173 @@
-"""Edge-tier commands."""
+"""Edge-tier commands: `strata publish`, `strata edge run`, `strata fleet` and `strata broker config`."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _link_flags(parser: argparse.ArgumentParser, *, user_help: str) -> None:
+    parser.add_argument("--broker", required=True, help="broker URL: mqtt://host:1883 or mqtts://host:8883")
+    parser.add_argument("--fleet", required=True, help="fleet name (topic namespace strata/FLEET/)")
+    parser.add_argument("--username", default=None, help=user_help)
+    parser.add_argument("--password-file", default=None, type=Path, help="file holding the broker password")
+    parser.add_argument("--ca-file", default=None, help="CA bundle of the broker's TLS certificate")
+    parser.add_argument("--cert-file", default=None, help="client certificate (TLS, AWS IoT)")
+    parser.add_argument("--key-file", default=None, help="private key of the client certificate")
+
+
+def _password(args: argparse.Namespace) -> str | None:
+    return None if args.password_file is None else Path(args.password_file).read_text().strip()
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the edge tier's commands to the root parser."""
+    from device import add_config_arguments
+    from edge._agent import EdgeAgentConfig
+
+    publish = sub.add_parser(
+        "publish", help="publish a signed policy bundle to a fleet over MQTT",
+        description="Publish BUNDLE retained to strata/FLEET/policies/POLICY/latest (in chunks when over 100 KB) "
+        "and announce it; waits for the broker's acknowledgements.")
+    publish.add_argument("bundle", type=Path, help="bundle file (from `strata export` or device.build_bundle)")
+    _link_flags(publish, user_help="broker username (the cloud identity)")
+    publish.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for acks (default: %(default)s)")
+    publish.set_defaults(func=_publish)
+
+    edge = sub.add_parser("edge", help="run an edge node", description="Run an edge node.")
+    edge_sub = edge.add_subparsers(dest="edge_command", metavar="COMMAND", required=True)
+    run = edge_sub.add_parser(
+        "run", help="run an edge agent: verified policy cache, local simulator, telemetry",
+        description="Run an edge agent: follow the fleet's policy over MQTT (every bundle verified, A/B cache, "
+        "health check, automatic revert), act with it on a local gymnasium simulator, report telemetry through "
+        "a disk-backed outbox. Works offline on the cached policy.")
+    add_config_arguments(run, EdgeAgentConfig)
+    run.add_argument("--log-level", default="WARNING", help="logging level (default: %(default)s)")
+    run.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    run.set_defaults(func=_edge_run)
+
+    fleet = sub.add_parser(
+        "fleet", help="show a fleet's nodes: online, policy version, lag, last telemetry",
+        description="Listen to the fleet's retained status messages and telemetry for --wait seconds and print "
+        "one row per node.")
+    _link_flags(fleet, user_help="broker username (the cloud identity)")
+    fleet.add_argument("--wait", type=float, default=1.0, help="seconds to listen (default: %(default)s)")
+    fleet.add_argument("--nodes", default=None,
+                       help="comma-separated node ids to watch exactly (needed on AWS IoT; default: all, wildcard)")
+    fleet.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    fleet.set_defaults(func=_fleet)
+
+    broker = sub.add_parser("broker", help="broker helpers", description="Broker helpers.")
+    broker_sub = broker.add_subparsers(dest="broker_command", metavar="COMMAND", required=True)
+    config = broker_sub.add_parser(
+        "config", help="write Mosquitto password and ACL files for a fleet",
+        description="Write passwd, acl, mosquitto.conf and generated credentials: each node reads policies and "
+        "writes only its own status, telemetry and experience topics; only the cloud user publishes policies.")
+    config.add_argument("--out", required=True, type=Path, help="folder to write")
+    config.add_argument("--fleet", required=True, help="fleet name")
+    config.add_argument("--nodes", required=True, help="comma-separated node ids")
+    config.add_argument("--cloud-user", default="cloud", help="identity that publishes policies (default: %(default)s)")
+    config.add_argument("--port", type=int, default=1883, help="listener port in mosquitto.conf (default: %(default)s)")
+    config.set_defaults(func=_broker_config)
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from edge._errors import EdgeConfigError
+    from edge._publish import publish_bundle
+
+    try:
+        data = args.bundle.read_bytes()
+    except OSError as exc:
+        raise EdgeConfigError(f"strata publish: cannot read {args.bundle}: {exc.strerror or exc}") from None
+    ann = publish_bundle(data, broker=args.broker, fleet=args.fleet, username=args.username,
+                         password=_password(args), ca_file=args.ca_file, cert_file=args.cert_file,
+                         key_file=args.key_file, ack_timeout_s=args.timeout)
+    how = f"{ann.chunks} chunks" if ann.chunks else "one message"
+    print(f"published {ann.policy} v{ann.version} ({ann.size} bytes, {how}) to fleet {args.fleet} "
+          f"at {args.broker}")
+    return 0
+
+
+def _edge_run(args: argparse.Namespace) -> int:
+    from device import config_from_args
+    from edge._agent import EdgeAgent, EdgeAgentConfig
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = config_from_args(EdgeAgentConfig, args)
+    agent = EdgeAgent(config)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        agent.stop()
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    started = time.monotonic()
+    try:
+        agent.start()
+        if agent.version is None:
+            print(f"{config.node_id}: no cached policy yet; waiting for one from {config.broker}", file=sys.stderr)
+        else:
+            print(f"{config.node_id}: acting on cached {agent.policy_name} v{agent.version}", file=sys.stderr)
+        counters = agent.run()
+    finally:
+        agent.close()
+        signal.signal(signal.SIGTERM, previous)
+    stats = agent.outbox
+    del stats
+    summary = {"node": config.node_id, "policy": agent.policy_name, "version": agent.version,
+               "steps": counters.steps, "episodes": counters.episodes, "updates": counters.updates,
+               "refused": len(counters.refused), "health_failures": len(counters.health_failures),
+               "telemetry_records": counters.telemetry_records, "seconds": round(time.monotonic() - started, 3),
+               "last_error": agent.last_error}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{config.node_id}: {counters.steps} steps, {counters.episodes} episodes on {agent.policy_name} "
+              f"v{agent.version}; {counters.updates} policy loads, {len(counters.refused)} bundles refused, "
+              f"{counters.telemetry_records} telemetry records")
+    return 0
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    from edge._fleet import FleetMonitor, format_fleet_table
+
+    nodes = [n for n in args.nodes.split(",") if n] if args.nodes else None
+    with FleetMonitor(broker=args.broker, fleet=args.fleet, nodes=nodes, username=args.username,
+                      password=_password(args), ca_file=args.ca_file, cert_file=args.cert_file,
+                      key_file=args.key_file) as monitor:
+        connected = monitor.link.wait_connected(min(args.wait + 5.0, 15.0))
+        if connected:
+            time.sleep(args.wait)
+        views = monitor.snapshot()
+        state = monitor.link.state.value
+        error = monitor.link.last_error
+    if not connected:
+        from edge._errors import EdgeError
+
+        raise EdgeError(f"strata fleet: cannot reach {args.broker} (state {state}: {error})")
+    if args.json:
+        print(json.dumps([{"node": v.node, "online": v.online, "policy": v.policy, "version": v.version,
+                           "latest_version": v.latest_version, "lag": v.lag, "last_error": v.last_error,
+                           "last_telemetry": None if v.last_telemetry is None else {
+                               "record_id": v.last_telemetry.record_id, "steps": v.last_telemetry.steps,
+                               "episodes": v.last_telemetry.episodes,
+                               "latency_p99_us": v.last_telemetry.latency_p99_us}} for v in views]))
+    else:
+        print(format_fleet_table(views))
+    return 0
+
+
+def _broker_config(args: argparse.Namespace) -> int:
+    from edge._broker_config import write_broker_config
+
+    files = write_broker_config(args.out, fleet=args.fleet, nodes=[n for n in args.nodes.split(",") if n],
+                                cloud_user=args.cloud_user, port=args.port)
+    print(f"wrote {files.passwd} (hashed with {files.hashed_with}), {files.acl}, {files.conf}")
+    print(f"passwords (mode 0600) in {args.out / 'credentials'}/: pass one with --username USER "
+          "--password-file FILE")
+    return 0

@@ -1,0 +1,566 @@
+"""The edge agent: a verified policy cache fed over MQTT, a local simulator acting with it, and reporting.
+
+Threads of one agent:
+
+    link     (edge._mqtt) receives announcements, bundles, chunks and control; keeps reconnecting
+    updater  takes the newest bundle per topic from a coalescing inbox: verify -> stage in the inactive
+             slot -> trial pointer -> health check -> commit (or revert); never blocks the next update
+    sender   publishes the retained status when it changes and pumps the SQLite outbox (records are
+             deleted only after their PUBACK)
+    caller   `run` steps the gymnasium simulator with the active policy; every decision is tagged with the
+             policy version; episodes and inference latency become telemetry records in the outbox
+
+The simulator never waits for the broker: with the broker unreachable, also from a restart, it acts on the
+cached policy and telemetry piles up on disk until the link is back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from device import Bundle, BundleError, RolloutBatch, TrustStore, load_public_key, require
+from edge._cache import Phase, PolicyCache
+from edge._errors import CacheError, EdgeConfigError, PayloadError
+from edge._mqtt import LinkConfig, MqttLink
+from edge._outbox import Outbox, OutboxConfig
+from edge._policy import HealthConfig, HealthReport, OnnxPolicy, check_policy
+from edge._topics import (
+    Announcement,
+    Chunk,
+    ChunkAssembler,
+    Control,
+    Experience,
+    FleetTopics,
+    NodeStatus,
+    Telemetry,
+    check_segment,
+    is_json_payload,
+)
+
+log = logging.getLogger("strata.edge.agent")
+
+MAX_EPISODES_PER_RECORD = 200
+MAX_LATENCIES = 100_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class EdgeAgentConfig:
+    """Settings of one edge agent (`strata edge run`)."""
+
+    # where it lives
+    fleet: str
+    """Fleet name: the topic namespace strata/{fleet}/."""
+    node_id: str
+    """This node's id; also its MQTT client id (a stable id keeps the persistent session)."""
+    cache_dir: str
+    """Folder of the A/B policy cache, the anti-rollback state and the telemetry outbox."""
+    trust: tuple[str, ...]
+    """Public key files (PEM) whose signatures are trusted."""
+    env: str = "CartPole-v1"
+    """Gymnasium env id of the local simulator."""
+    policy: str | None = None
+    """Policy to follow; None follows whichever policy the fleet announces last."""
+
+    # the broker
+    broker: str | None = None
+    """Broker URL (mqtt://host:1883, mqtts://host:8883); None runs on the cached policy only."""
+    username: str | None = None
+    """Broker username (Mosquitto password file)."""
+    password_file: str | None = None
+    """File holding the broker password."""
+    ca_file: str | None = None
+    """CA bundle of the broker's TLS certificate (AWS IoT: AmazonRootCA1.pem)."""
+    cert_file: str | None = None
+    """Client certificate for TLS (AWS IoT thing certificate)."""
+    key_file: str | None = None
+    """Private key of the client certificate."""
+
+    # how long
+    steps: int | None = None
+    """Stop after this many simulator steps (None: no step limit)."""
+    duration: float | None = None
+    """Stop after this many seconds (None: run until interrupted)."""
+    control_period_s: float = 0.0
+    """Seconds between decisions, like a real control loop (0: as fast as possible)."""
+    seed: int = 0
+    """Simulator seed."""
+
+    # health check of a new policy
+    health_deadline_s: float = 10.0
+    """The health check of a new policy must pass within this many seconds."""
+    health_latency_budget_ms: float = 20.0
+    """p99 inference latency a new policy may take."""
+    health_min_return: float | None = None
+    """Minimum mean return on the local simulator (None: not checked)."""
+    health_episodes: int = 1
+    """Simulator episodes for the minimum-return check."""
+
+    # reporting
+    telemetry_interval_s: float = 1.0
+    """Seconds between telemetry records."""
+    experience_steps: int = 0
+    """Steps of edge-collected experience per record for the learner (0: none)."""
+    outbox_max_records: int = 100_000
+    """Outbox capacity in records."""
+    outbox_overflow: Literal["drop_oldest", "drop_newest"] = "drop_oldest"
+    """What a full outbox drops; drops are counted and reported."""
+
+    def __post_init__(self) -> None:
+        check_segment(self.fleet, "fleet")
+        check_segment(self.node_id, "node id")
+        if self.policy is not None:
+            check_segment(self.policy, "policy")
+        if not self.trust:
+            raise EdgeConfigError("EdgeAgentConfig: trust is empty; pass the public key that signs the fleet's "
+                                  "bundles (--trust strata-signing.pub)")
+        if (self.steps is not None and self.steps < 0) or (self.duration is not None and self.duration < 0):
+            raise EdgeConfigError(f"EdgeAgentConfig: steps={self.steps} and duration={self.duration} must be >= 0")
+        if self.telemetry_interval_s <= 0 or self.control_period_s < 0 or self.experience_steps < 0:
+            raise EdgeConfigError(f"EdgeAgentConfig: telemetry_interval_s={self.telemetry_interval_s} must be > 0, "
+                                  f"control_period_s={self.control_period_s} and experience_steps="
+                                  f"{self.experience_steps} >= 0")
+
+    def health(self) -> HealthConfig:
+        """The health-check settings."""
+        return HealthConfig(deadline_s=self.health_deadline_s, latency_budget_ms=self.health_latency_budget_ms,
+                            min_return=self.health_min_return, episodes=self.health_episodes)
+
+
+@dataclass
+class AgentCounters:
+    """What an agent did, for its summary and the tests."""
+
+    steps: int = 0
+    episodes: int = 0
+    updates: int = 0
+    refused: list[str] = field(default_factory=list)
+    health_failures: list[str] = field(default_factory=list)
+    malformed: int = 0
+    telemetry_records: int = 0
+    experience_records: int = 0
+    first_act_at: dict[int, float] = field(default_factory=dict)
+    """Unix time of the first decision made with each policy version."""
+
+
+class EdgeAgent:
+    """One edge node (see the module docstring). Call `start`, then `run` (blocking), then `close`."""
+
+    def __init__(self, config: EdgeAgentConfig, *, make_env: Callable[[], Any] | None = None,
+                 clock: Callable[[], float] = time.time,
+                 on_phase: Callable[[Phase, Bundle], None] | None = None) -> None:
+        self.config = config
+        self.topics = FleetTopics(config.fleet)
+        self._clock = clock
+        self._make_env = make_env or self._default_env
+        trust = TrustStore([load_public_key(p) for p in config.trust])
+        self.cache = PolicyCache(Path(config.cache_dir), trust=trust, tier="edge", clock=clock, on_phase=on_phase)
+        self.outbox = Outbox(Path(config.cache_dir) / "outbox.sqlite",
+                             OutboxConfig(max_records=config.outbox_max_records, overflow=config.outbox_overflow))
+        self.counters = AgentCounters()
+        self.last_error: str | None = None
+        self._policy: OnnxPolicy | None = None
+        self._policy_sha: str | None = None
+        self._follow: str | None = config.policy
+        self._inbox: dict[str, bytes] = {}
+        self._inbox_cond = threading.Condition()
+        self._assembler = ChunkAssembler()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._status_dirty = threading.Event()
+        self._sender_wake = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.link: MqttLink | None = None
+        self._lock = threading.Lock()
+
+    def _default_env(self) -> Any:
+        gym = require("gymnasium", extra="edge", purpose="the edge simulators")
+        return gym.make(self.config.env)
+
+    # ------------------------------------------------------------------------------------------ state
+
+    @property
+    def version(self) -> int | None:
+        """Version of the policy the simulator acts with (None before the first one)."""
+        p = self._policy
+        return None if p is None else p.version
+
+    @property
+    def policy_name(self) -> str | None:
+        """Name of the active policy."""
+        p = self._policy
+        return None if p is None else p.policy
+
+    def status(self, *, online: bool = True) -> NodeStatus:
+        """The status message this node publishes."""
+        stats = self.outbox.stats()
+        return NodeStatus(node=self.config.node_id, online=online, policy=self.policy_name, version=self.version,
+                          updated_at=self._clock(), last_error=self.last_error, outbox_pending=stats.pending,
+                          outbox_dropped=stats.dropped)
+
+    def wait_for_version(self, version: int, timeout: float) -> bool:
+        """Block until the active policy has `version` (tests, benchmarks)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.version == version:
+                return True
+            time.sleep(0.005)
+        return self.version == version
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    def start(self) -> EdgeAgent:
+        """Load the cached policy (verified), start the link, the updater and the sender."""
+        bundle = self.cache.load()
+        if bundle is not None:
+            try:
+                self._install(OnnxPolicy(bundle), bundle)
+                log.info("%s: running cached %s v%d", self.config.node_id, bundle.policy, bundle.version)
+            except Exception as exc:  # a cached model onnxruntime cannot load: wait for the next bundle
+                self.last_error = f"cached policy does not load: {exc}"
+        if self._follow is None and bundle is not None:
+            self._follow = bundle.policy
+        if self.config.broker is not None:
+            password = None
+            if self.config.password_file:
+                password = Path(self.config.password_file).read_text().strip()
+            link_config = LinkConfig(broker=self.config.broker, client_id=self.config.node_id,
+                                     username=self.config.username, password=password, ca_file=self.config.ca_file,
+                                     cert_file=self.config.cert_file, key_file=self.config.key_file)
+            will = (self.topics.node(self.config.node_id, "status"),
+                    NodeStatus(node=self.config.node_id, online=False, updated_at=0.0).encode())
+            self.link = MqttLink(link_config, on_message=self._on_message, on_ack=self.outbox.ack,
+                                 on_connect=self._on_connect, will=will)
+            self.link.subscribe(self.topics.announce)
+            self.link.subscribe(self.topics.control)
+            self.link.subscribe(self.topics.node(self.config.node_id, "control"))
+            if self._follow is not None:
+                self.link.subscribe(self.topics.policy_latest(self._follow))
+            self.link.start()
+        for target, name in ((self._updater, "updater"), (self._sender, "sender")):
+            t = threading.Thread(target=target, name=f"{self.config.node_id}-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self) -> None:
+        """Ask `run` to return at the next step."""
+        self._stop.set()
+        self._wake.set()
+        with self._inbox_cond:
+            self._inbox_cond.notify_all()
+        self._sender_wake.set()
+
+    def close(self, *, drain_s: float = 2.0) -> None:
+        """Stop, send what the outbox holds for up to `drain_s`, publish ``online: false`` and disconnect."""
+        self.stop()
+        for t in self._threads:
+            t.join(timeout=max(5.0, self.config.health_deadline_s + 1))
+        link = self.link
+        if link is not None:
+            deadline = time.monotonic() + drain_s
+            while link.connected and time.monotonic() < deadline:
+                self.outbox.pump(link)
+                stats = self.outbox.stats()
+                if stats.pending == 0:
+                    break
+                time.sleep(0.02)
+            if link.connected:
+                info = link.publish(self.topics.node(self.config.node_id, "status"),
+                                    self.status(online=False).encode(), retain=True)
+                del info
+                time.sleep(0.05)
+            link.close()
+        self.outbox.close()
+
+    # ------------------------------------------------------------------------------------------ link thread
+
+    def _on_connect(self) -> None:
+        self._status_dirty.set()
+        self._sender_wake.set()
+
+    def _on_message(self, topic: str, payload: bytes, retained: bool) -> None:
+        try:
+            if topic == self.topics.announce:
+                if not payload:
+                    return
+                ann = Announcement.decode(topic, payload)
+                if self.config.policy is None and ann.policy != self._follow:
+                    self._follow_policy(ann.policy)
+                return
+            if topic in (self.topics.control, self.topics.node(self.config.node_id, "control")):
+                control = Control.decode(topic, payload)
+                if control.command == "status":
+                    self._status_dirty.set()
+                    self._sender_wake.set()
+                elif control.command == "resync" and self._follow is not None and self.link is not None:
+                    self.link.resubscribe(self.topics.policy_latest(self._follow))
+                return
+        except PayloadError as exc:
+            self.counters.malformed += 1
+            log.warning("%s: dropped: %s", self.config.node_id, exc)
+            return
+        if not payload:  # a cleared retained message
+            return
+        with self._inbox_cond:
+            self._inbox[topic] = payload
+            self._inbox_cond.notify()
+
+    def _follow_policy(self, policy: str) -> None:
+        old, self._follow = self._follow, policy
+        if self.link is not None:
+            if old is not None:
+                self.link.unsubscribe(self.topics.policy_latest(old))
+            self.link.subscribe(self.topics.policy_latest(policy))
+
+    # ------------------------------------------------------------------------------------------ updater thread
+
+    def _updater(self) -> None:
+        while not self._stop.is_set():
+            with self._inbox_cond:
+                while not self._inbox and not self._stop.is_set():
+                    self._inbox_cond.wait(timeout=1.0)
+                    for ann in self._assembler.expire():
+                        self._note_error(f"chunked bundle {ann.policy} v{ann.version} timed out incomplete")
+                items = sorted(self._inbox.items(), key=lambda kv: "/chunks/" in kv[0])  # latest before chunks
+                self._inbox.clear()
+            for topic, payload in items:
+                if self._stop.is_set():
+                    return
+                try:
+                    self._handle(topic, payload)
+                except PayloadError as exc:
+                    self.counters.malformed += 1
+                    self._note_error(str(exc))
+                except CacheError as exc:
+                    self._note_error(str(exc))
+                except Exception as exc:  # one bad update must never stop the next one
+                    log.exception("%s: update from %s failed", self.config.node_id, topic)
+                    self._note_error(f"update from {topic} failed: {type(exc).__name__}: {exc}")
+
+    def _note_error(self, message: str) -> None:
+        log.warning("%s: %s", self.config.node_id, message)
+        self.last_error = message
+        self._status_dirty.set()
+        self._sender_wake.set()
+
+    def _handle(self, topic: str, payload: bytes) -> None:
+        follow = self._follow
+        if follow is not None and topic == self.topics.policy_latest(follow):
+            if is_json_payload(payload):
+                ann = Announcement.decode(topic, payload)
+                if ann.chunks == 0:
+                    raise PayloadError(topic, "a JSON payload on a latest topic must announce chunks > 0")
+                if ann.sha256 == self._policy_sha or (self.version or 0) >= ann.version:
+                    return
+                try:
+                    self._assembler.expect(ann)
+                except EdgeConfigError as exc:
+                    raise PayloadError(topic, str(exc)) from None
+                if self.link is not None:
+                    for index in self._assembler.missing(ann.policy):
+                        self.link.resubscribe(self.topics.policy_chunk(ann.policy, index))
+                return
+            self._consider(payload)
+            return
+        if follow is not None and topic.startswith(f"{self.topics.root}/policies/{follow}/chunks/"):
+            data = self._assembler.add(topic, Chunk.decode(topic, payload))
+            if data is not None:
+                if self.link is not None:
+                    total = Chunk.decode(topic, payload).total
+                    for index in range(total):
+                        self.link.unsubscribe(self.topics.policy_chunk(follow, index))
+                self._consider(data)
+
+    def _consider(self, data: bytes) -> None:
+        sha = hashlib.sha256(data).hexdigest()
+        if sha == self._policy_sha:
+            return
+        try:
+            bundle = self.cache.verifier.verify(data)
+        except BundleError as exc:
+            self.counters.refused.append(f"{type(exc).__name__}: {exc}")
+            self._note_error(f"bundle refused: {exc}")
+            return
+        if self._follow is not None and bundle.policy != self._follow:
+            self._note_error(f"bundle of policy {bundle.policy!r} arrived on the topic of {self._follow!r}; ignored")
+            return
+        if self.cache.is_rejected(bundle):
+            return
+        self.cache.stage(bundle)
+        self.cache.begin_trial()
+        policy, report = check_policy(bundle, self._make_env, self.config.health())
+        if policy is None:
+            self.cache.revert(report.reason)
+            self.counters.health_failures.append(report.reason)
+            self._note_error(f"health check of {bundle.policy} v{bundle.version} failed: {report.reason}; "
+                             f"still running v{self.version}")
+            return
+        self.cache.commit()
+        self._install(policy, bundle, report)
+
+    def _install(self, policy: OnnxPolicy, bundle: Bundle, report: HealthReport | None = None) -> None:
+        with self._lock:
+            self._policy = policy
+            self._policy_sha = hashlib.sha256(bundle.to_bytes()).hexdigest()
+            self.counters.updates += 1
+        if report is not None:
+            self.last_error = None
+            log.info("%s: now running %s v%d (health check %.1f ms)", self.config.node_id, policy.policy,
+                     policy.version, report.seconds * 1000)
+        self._wake.set()
+        self._status_dirty.set()
+        self._sender_wake.set()
+
+    # ------------------------------------------------------------------------------------------ sender thread
+
+    def _sender(self) -> None:
+        while not self._stop.is_set():
+            self._sender_wake.wait(timeout=0.05)
+            self._sender_wake.clear()
+            link = self.link
+            if link is None or not link.connected:
+                continue
+            if self._status_dirty.is_set():
+                self._status_dirty.clear()
+                result = link.publish(self.topics.node(self.config.node_id, "status"), self.status().encode(),
+                                      retain=True)
+                if not result.accepted:
+                    self._status_dirty.set()
+            self.outbox.pump(link)
+
+    # ------------------------------------------------------------------------------------------ simulator
+
+    def run(self) -> AgentCounters:
+        """Step the simulator with the active policy until `steps`, `duration` or `stop`; return the counters."""
+        cfg = self.config
+        env = self._make_env()
+        started = time.monotonic()
+        next_report = started + cfg.telemetry_interval_s
+        obs, _ = env.reset(seed=cfg.seed)
+        obs = np.asarray(obs, dtype=np.float32)
+        episode_return, episode_length = 0.0, 0
+        returns: list[float] = []
+        lengths: list[int] = []
+        latencies: list[float] = []
+        by_version: dict[int, int] = {}
+        interval_steps = 0
+        exp: dict[str, list[Any]] = {k: [] for k in ("obs", "actions", "rewards", "terminations", "truncations",
+                                                     "final_obs", "policy_version")}
+        seq = 0
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if cfg.duration is not None and now - started >= cfg.duration:
+                    break
+                if cfg.steps is not None and self.counters.steps >= cfg.steps:
+                    break
+                if now >= next_report:
+                    self._report(returns, lengths, latencies, by_version, interval_steps)
+                    returns, lengths, latencies, by_version, interval_steps = [], [], [], {}, 0
+                    next_report = now + cfg.telemetry_interval_s
+                policy = self._policy
+                if policy is None:
+                    self._wake.wait(timeout=0.05)
+                    self._wake.clear()
+                    continue
+                t0 = time.perf_counter()
+                action = policy.act(obs)
+                latency = time.perf_counter() - t0
+                version = policy.version
+                if version not in self.counters.first_act_at:
+                    self.counters.first_act_at[version] = self._clock()
+                if len(latencies) < MAX_LATENCIES:
+                    latencies.append(latency)
+                by_version[version] = by_version.get(version, 0) + 1
+                next_obs, reward, terminated, truncated, _ = env.step(action)
+                next_obs = np.asarray(next_obs, dtype=np.float32)
+                self.counters.steps += 1
+                interval_steps += 1
+                episode_return += float(reward)
+                episode_length += 1
+                done = bool(terminated or truncated)
+                if cfg.experience_steps:
+                    exp["obs"].append(obs)
+                    exp["actions"].append(action)
+                    exp["rewards"].append(float(reward))
+                    exp["terminations"].append(bool(terminated))
+                    exp["truncations"].append(bool(truncated))
+                    exp["final_obs"].append(next_obs if done else np.zeros_like(next_obs))
+                    exp["policy_version"].append(version)
+                if done:
+                    self.counters.episodes += 1
+                    returns.append(episode_return)
+                    lengths.append(episode_length)
+                    episode_return, episode_length = 0.0, 0
+                    next_obs, _ = env.reset()
+                    next_obs = np.asarray(next_obs, dtype=np.float32)
+                obs = next_obs
+                if cfg.experience_steps and len(exp["obs"]) >= cfg.experience_steps:
+                    self._record_experience(exp, obs, seq)
+                    seq += len(exp["obs"])
+                    exp = {k: [] for k in exp}
+                if cfg.control_period_s:
+                    remaining = cfg.control_period_s - (time.perf_counter() - t0)
+                    if remaining > 0 and self._wake.wait(timeout=remaining):
+                        self._wake.clear()
+            if interval_steps:
+                self._report(returns, lengths, latencies, by_version, interval_steps)
+        finally:
+            env.close()
+        return self.counters
+
+    def _report(self, returns: list[float], lengths: list[int], latencies: list[float], by_version: dict[int, int],
+                steps: int) -> None:
+        if not steps and not returns:
+            return
+        policy = self._policy
+        stats = self.outbox.stats()
+        lat = np.asarray(latencies) * 1e6 if latencies else None
+        node = self.config.node_id
+
+        def build(record_id: int) -> bytes:
+            return Telemetry(
+                record_id=record_id, node=node, sent_at=self._clock(),
+                policy=None if policy is None else policy.policy, version=None if policy is None else policy.version,
+                policy_age_s=None if policy is None else max(0.0, self._clock() - policy.created_at), steps=steps,
+                episodes=len(returns), episode_returns=tuple(returns[-MAX_EPISODES_PER_RECORD:]),
+                episode_lengths=tuple(lengths[-MAX_EPISODES_PER_RECORD:]),
+                latency_p50_us=None if lat is None else _finite(float(np.percentile(lat, 50))),
+                latency_p99_us=None if lat is None else _finite(float(np.percentile(lat, 99))),
+                decisions_by_version={str(k): v for k, v in sorted(by_version.items())},
+                outbox_pending=stats.pending, outbox_dropped=stats.dropped,
+            ).encode()
+
+        if self.outbox.put(self.topics.node(node, "telemetry"), build) is not None:
+            self.counters.telemetry_records += 1
+        self._sender_wake.set()
+
+    def _record_experience(self, exp: dict[str, list[Any]], next_obs: np.ndarray, seq0: int) -> None:
+        t = len(exp["obs"])
+        actions = np.asarray(exp["actions"])
+        batch = RolloutBatch(
+            source=f"edge:{self.config.node_id}",
+            obs=np.stack(exp["obs"])[:, None], actions=actions.reshape(t, 1, *actions.shape[1:]),
+            rewards=np.asarray(exp["rewards"], np.float32)[:, None],
+            terminations=np.asarray(exp["terminations"])[:, None], truncations=np.asarray(exp["truncations"])[:, None],
+            final_obs=np.stack(exp["final_obs"])[:, None], next_obs=next_obs[None],
+            policy_version=np.asarray(exp["policy_version"], np.int64)[:, None],
+            worker=np.zeros(1, np.int64), seq=np.arange(seq0, seq0 + t, dtype=np.int64)[:, None])
+        node = self.config.node_id
+        if self.outbox.put(self.topics.node(node, "experience"),
+                           lambda rid: Experience(record_id=rid, node=node, batch=batch).encode()) is not None:
+            self.counters.experience_records += 1
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None

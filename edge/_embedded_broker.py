@@ -1,0 +1,106 @@
+"""An embedded MQTT 3.1.1 broker (amqtt) on a free loopback port, for `strata demo` when no broker is given.
+
+It runs in a background thread with its own asyncio loop, allows anonymous clients on 127.0.0.1 only, and
+stops cleanly. It is a convenience for one machine; fleets run on Mosquitto or AWS IoT Core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from device import require
+from edge._errors import EdgeError
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EmbeddedBroker:
+    """amqtt on ``mqtt://127.0.0.1:PORT``; `start` blocks until it listens, `stop` until it is gone."""
+
+    def __init__(self, *, port: int | None = None) -> None:
+        self.port = port or _free_port()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._broker: Any = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        """``mqtt://127.0.0.1:PORT``."""
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> EmbeddedBroker:
+        """Start the broker thread and wait until it accepts connections."""
+        require("amqtt.broker", extra="cloud", purpose="the embedded MQTT broker")
+        # amqtt logs every connection at INFO; keep a demo's output readable.
+        logging.getLogger("amqtt").setLevel(logging.WARNING)
+        logging.getLogger("transitions").setLevel(logging.WARNING)
+        self._thread = threading.Thread(target=self._main, name="embedded-broker", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout) or self._error is not None:
+            raise EdgeError(f"EmbeddedBroker: amqtt did not start on 127.0.0.1:{self.port}: {self._error}")
+        return self
+
+    def _main(self) -> None:
+        from amqtt.broker import Broker
+
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        config = {
+            "listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{self.port}"}},
+            "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
+        }
+        try:
+            async def boot() -> None:
+                self._broker = Broker(config)
+                await self._broker.start()
+
+            loop.run_until_complete(boot())
+        except BaseException as exc:  # report any start failure to the caller of start()
+            self._error = exc
+            self._ready.set()
+            loop.close()
+            return
+        self._ready.set()
+        loop.run_forever()
+        loop.close()
+
+    def stop(self) -> None:
+        """Shut the broker down and join its thread."""
+        loop, broker = self._loop, self._broker
+        if loop is None or broker is None or self._thread is None:
+            return
+        future = asyncio.run_coroutine_threadsafe(broker.shutdown(), loop)
+        with contextlib.suppress(Exception):
+            future.result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        self._thread.join(timeout=10)
+        self._thread = None
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def embedded_broker() -> Iterator[EmbeddedBroker]:
+    """Context manager: a running `EmbeddedBroker`."""
+    broker = EmbeddedBroker().start()
+    try:
+        yield broker
+    finally:
+        broker.stop()

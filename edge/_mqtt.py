@@ -1,0 +1,372 @@
+"""The one module that imports paho-mqtt: a link to an MQTT 3.1.1 broker that survives outages.
+
+`MqttLink` fixes what every strata client needs: callback API version 2; a stable client id with a
+persistent session (``clean_session=False``), so QoS 1 messages queued by the broker while the node was away
+arrive after it reconnects; subscriptions made again in ``on_connect``; TCP_NODELAY on the client socket the
+moment it opens (MEASURED.md: with Nagle on, a QoS 1 round trip takes ~88 ms instead of ~0.2 ms); reconnects
+with exponential backoff on its own thread, with an injectable ``sleep`` and ``clock``; bounded paho queues;
+TLS client certificates (AWS IoT Core) and username/password (Mosquitto).
+
+Link conditions are states, not exceptions: `publish` returns a `PublishResult` whose state says whether the
+message is on its way, held for the reconnect, or refused because the queue is full; `state` says whether the
+broker is reachable. Caller mistakes (a bad URL, a wildcard in a publish topic, an oversized payload) raise
+`EdgeConfigError` (a ValueError).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import socket
+import ssl
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from device import require
+from edge._errors import EdgeConfigError
+from edge._topics import AWS_MAX_PAYLOAD, QOS
+
+log = logging.getLogger("strata.edge.mqtt")
+
+MessageHandler = Callable[[str, bytes, bool], None]
+"""``handler(topic, payload, retained)``; runs on the link's thread, so it must be quick."""
+
+
+class LinkState(enum.Enum):
+    """Where the link stands; read `MqttLink.state`."""
+
+    NEW = "new"
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    UNREACHABLE = "unreachable"
+    """The broker cannot be reached (refused, timed out, DNS); retrying with backoff."""
+    REFUSED = "refused"
+    """The broker answered CONNACK with an error (bad credentials, not authorised); retrying with backoff."""
+    DISCONNECTED = "disconnected"
+    """An established connection was lost; retrying with backoff."""
+    CLOSED = "closed"
+
+
+class PublishState(enum.Enum):
+    """What happened to one `MqttLink.publish` call."""
+
+    SENT = "sent"
+    """Handed to the socket; the PUBACK will be reported to ``on_ack``."""
+    HELD = "held"
+    """Not connected: paho holds it in memory and sends it after the reconnect (then ``on_ack``)."""
+    QUEUE_FULL = "queue_full"
+    """Refused: paho's bounded queue is full. The caller keeps the message and tries again later."""
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """Outcome of a publish; `mid` identifies the later ``on_ack`` call (0 when nothing was queued)."""
+
+    state: PublishState
+    mid: int
+
+    @property
+    def accepted(self) -> bool:
+        """Whether the message will reach the broker without the caller sending it again."""
+        return self.state is not PublishState.QUEUE_FULL
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkConfig:
+    """How to reach the broker, and the limits of the link."""
+
+    broker: str
+    """Broker URL: ``mqtt://host:1883`` (plain TCP) or ``mqtts://host:8883`` (TLS); ``user:pass@`` allowed."""
+    client_id: str
+    """Stable client id; the broker keeps the persistent session under it."""
+    clean_session: bool = False
+    """False keeps a persistent session across reconnects (QoS 1 messages wait at the broker)."""
+    username: str | None = None
+    """Username (Mosquitto password file); overrides one in the URL."""
+    password: str | None = None
+    """Password for `username`."""
+    ca_file: str | None = None
+    """CA bundle that signs the broker's certificate (AWS IoT: AmazonRootCA1.pem); implies TLS."""
+    cert_file: str | None = None
+    """Client certificate (AWS IoT thing certificate), PEM."""
+    key_file: str | None = None
+    """Private key of `cert_file`, PEM."""
+    keepalive_s: int = 30
+    """MQTT keepalive; the broker publishes the last will after 1.5x this without traffic."""
+    reconnect_min_s: float = 0.25
+    """First reconnect delay; doubles up to `reconnect_max_s`. AWS IoT allows 1 CONNECT/s per client id."""
+    reconnect_max_s: float = 10.0
+    """Longest reconnect delay."""
+    max_inflight: int = 100
+    """QoS 1 messages awaiting PUBACK at once."""
+    max_queued: int = 1000
+    """Messages paho holds in memory in all (in flight + waiting); beyond it publish answers QUEUE_FULL."""
+    connect_timeout_s: float = 5.0
+    """TCP connect timeout."""
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    """Parsed broker URL."""
+
+    host: str
+    port: int
+    tls: bool
+    username: str | None
+    password: str | None
+
+
+def parse_broker_url(url: str) -> BrokerAddress:
+    """Parse ``mqtt://[user:pass@]host[:port]`` or ``mqtts://...``; raise `EdgeConfigError` naming the fix."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("mqtt", "mqtts", "tcp", "ssl") or not parsed.hostname:
+        raise EdgeConfigError(f"broker URL {url!r} is not of the form mqtt://host:port or mqtts://host:port")
+    tls = parsed.scheme in ("mqtts", "ssl")
+    try:
+        port = parsed.port or (8883 if tls else 1883)
+    except ValueError:
+        raise EdgeConfigError(f"broker URL {url!r} has an invalid port") from None
+    user = urllib.parse.unquote(parsed.username) if parsed.username else None
+    password = urllib.parse.unquote(parsed.password) if parsed.password else None
+    return BrokerAddress(parsed.hostname, port, tls, user, password)
+
+
+def check_publish_topic(topic: str) -> None:
+    """Raise `EdgeConfigError` for a topic that cannot be published to."""
+    if not topic or "+" in topic or "#" in topic or len(topic.encode()) > 256:
+        raise EdgeConfigError(f"cannot publish to topic {topic!r}: it must be non-empty, at most 256 bytes "
+                              "(AWS IoT) and contain no wildcard '+' or '#'")
+
+
+def _no_op_socket_hook(client: Any, userdata: Any, sock: Any) -> None:
+    return None
+
+
+class MqttLink:
+    """One MQTT client on its own network thread; see the module docstring.
+
+    Args:
+        config: Broker address and link limits.
+        on_message: Called as ``on_message(topic, payload, retained)`` on the link thread.
+        on_ack: Called with the mid of each PUBACKed publish, on the link thread.
+        on_connect: Called after each successful CONNACK, on the link thread (after subscriptions are renewed).
+        will: ``(topic, payload)`` published retained by the broker if this client vanishes.
+        sleep: Waits between reconnect attempts (default: an interruptible wait that `close` cuts short).
+        clock: Monotonic clock for the backoff bookkeeping.
+    """
+
+    def __init__(self, config: LinkConfig, *, on_message: MessageHandler | None = None,
+                 on_ack: Callable[[int], None] | None = None, on_connect: Callable[[], None] | None = None,
+                 will: tuple[str, bytes] | None = None, sleep: Callable[[float], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        mqtt = require("paho.mqtt.client", extra="edge", purpose="the MQTT link")
+        self.config = config
+        self.address = parse_broker_url(config.broker)
+        self._on_message = on_message
+        self._on_ack = on_ack
+        self._on_connect_hook = on_connect
+        self._stop = threading.Event()
+        self._sleep = sleep or self._stop.wait
+        self._clock = clock
+        self._subscriptions: set[str] = set()
+        self._lock = threading.Lock()
+        self._connected = threading.Event()
+        self._state = LinkState.NEW
+        self.last_error: str | None = None
+        self.connects = 0
+        self._thread: threading.Thread | None = None
+        self._mqtt = mqtt
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=config.client_id,
+                             clean_session=config.clean_session, protocol=mqtt.MQTTv311)
+        client.max_inflight_messages_set(config.max_inflight)
+        client.max_queued_messages_set(config.max_queued)
+        username = config.username or self.address.username
+        password = config.password if config.password is not None else self.address.password
+        if username:
+            client.username_pw_set(username, password)
+        if self.address.tls or config.ca_file or config.cert_file:
+            context = ssl.create_default_context(cafile=config.ca_file)
+            if config.cert_file:
+                context.load_cert_chain(config.cert_file, config.key_file)
+            client.tls_set_context(context)
+        if will is not None:
+            check_publish_topic(will[0])
+            client.will_set(will[0], will[1], qos=QOS, retain=True)
+        client.on_connect = self._handle_connect
+        client.on_disconnect = self._handle_disconnect
+        client.on_message = self._handle_message
+        client.on_publish = self._handle_publish
+        client.on_socket_open = self._handle_socket_open
+        # With a write hook registered, paho never writes to the socket from the publishing thread: it queues
+        # the packet and wakes this link's thread, the only writer (two writers could interleave packets).
+        client.on_socket_register_write = _no_op_socket_hook
+        client.connect_timeout = config.connect_timeout_s
+        self._client = client
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    @property
+    def state(self) -> LinkState:
+        """The link's current state."""
+        return self._state
+
+    @property
+    def connected(self) -> bool:
+        """Whether a CONNACK was received and the connection has not been lost since."""
+        return self._connected.is_set()
+
+    def start(self) -> MqttLink:
+        """Start the network thread; it connects, and keeps reconnecting, in the background."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"mqtt-{self.config.client_id}", daemon=True)
+            self._thread.start()
+        return self
+
+    def wait_connected(self, timeout: float) -> bool:
+        """Block up to `timeout` seconds for a connection; return whether there is one."""
+        return self._connected.wait(timeout)
+
+    def close(self, *, disconnect: bool = True) -> None:
+        """Stop the network thread. With `disconnect`, say goodbye first, so the broker skips the last will."""
+        if self._state is LinkState.CLOSED:
+            return
+        if disconnect and self.connected:
+            self._client.disconnect()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._client.socket() is not None:
+            # The thread is gone; close the socket ourselves. Without a DISCONNECT the broker sends the will.
+            self._client._sock_close()
+        self._connected.clear()
+        self._state = LinkState.CLOSED
+
+    def __enter__(self) -> MqttLink:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self) -> None:
+        delay = self.config.reconnect_min_s
+        first = True
+        while not self._stop.is_set():
+            if self._client.socket() is None:
+                self._state = LinkState.CONNECTING
+                try:
+                    if first:
+                        self._client.connect(self.address.host, self.address.port, self.config.keepalive_s)
+                    else:
+                        self._client.reconnect()
+                    first = False
+                except (OSError, ssl.SSLError) as exc:
+                    # Retryable: the broker is down, restarting, or the network is out. The node keeps working
+                    # offline and tries again after the backoff.
+                    self._state = LinkState.UNREACHABLE
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    self._sleep(delay)
+                    delay = min(delay * 2, self.config.reconnect_max_s)
+                    continue
+            rc = self._client.loop(timeout=0.05)
+            if rc != self._mqtt.MQTT_ERR_SUCCESS and not self._stop.is_set():
+                if self._client.socket() is not None:
+                    self._client._sock_close()
+                if self._state is not LinkState.REFUSED:
+                    self._state = LinkState.DISCONNECTED
+                self._connected.clear()
+                self._sleep(delay)
+                delay = min(delay * 2, self.config.reconnect_max_s)
+            elif self._connected.is_set():
+                delay = self.config.reconnect_min_s
+
+    # ------------------------------------------------------------------------------------------ paho callbacks
+
+    def _handle_socket_open(self, client: Any, userdata: Any, sock: Any) -> None:
+        # A non-TCP socket (unix, websocket proxy) has no Nagle to turn off.
+        with contextlib.suppress(OSError, AttributeError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def _handle_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
+        if reason_code.is_failure:
+            self._state = LinkState.REFUSED
+            self.last_error = f"broker refused the connection: {reason_code}"
+            log.warning("%s: %s", self.config.client_id, self.last_error)
+            return
+        with self._lock:
+            topics = sorted(self._subscriptions)
+        if topics:
+            client.subscribe([(t, QOS) for t in topics])
+        self.connects += 1
+        self.last_error = None
+        self._state = LinkState.CONNECTED
+        self._connected.set()
+        if self._on_connect_hook is not None:
+            self._on_connect_hook()
+
+    def _handle_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
+        self._connected.clear()
+        if self._state is LinkState.CONNECTED:
+            self._state = LinkState.DISCONNECTED
+
+    def _handle_message(self, client: Any, userdata: Any, message: Any) -> None:
+        if self._on_message is not None:
+            try:
+                self._on_message(message.topic, bytes(message.payload), bool(message.retain))
+            except Exception:  # a handler bug must not kill the network thread
+                log.exception("%s: message handler failed on %s", self.config.client_id, message.topic)
+
+    def _handle_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
+        if self._on_ack is not None:
+            self._on_ack(mid)
+
+    # ------------------------------------------------------------------------------------------ operations
+
+    def subscribe(self, topic: str) -> None:
+        """Subscribe at QoS 1 now if connected, and again after every reconnect."""
+        if not topic:
+            raise EdgeConfigError("subscribe: the topic is empty")
+        with self._lock:
+            if topic in self._subscriptions:
+                return
+            self._subscriptions.add(topic)
+        if self.connected:
+            self._client.subscribe(topic, QOS)
+
+    def resubscribe(self, topic: str) -> None:
+        """Subscribe again (the broker re-sends the retained message of an exact topic)."""
+        with self._lock:
+            self._subscriptions.add(topic)
+        if self.connected:
+            self._client.subscribe(topic, QOS)
+
+    def unsubscribe(self, topic: str) -> None:
+        """Stop receiving `topic`."""
+        with self._lock:
+            self._subscriptions.discard(topic)
+        if self.connected:
+            self._client.unsubscribe(topic)
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> PublishResult:
+        """Publish at QoS 1; the result's state says whether it is on its way (see `PublishState`)."""
+        check_publish_topic(topic)
+        if len(payload) > AWS_MAX_PAYLOAD:
+            raise EdgeConfigError(f"publish to {topic!r}: {len(payload)} bytes exceeds the {AWS_MAX_PAYLOAD}-byte "
+                                  "limit of AWS IoT Core; chunk it (edge._topics.split_bundle)")
+        info = self._client.publish(topic, payload, qos=QOS, retain=retain)
+        if info.rc == self._mqtt.MQTT_ERR_QUEUE_SIZE:
+            return PublishResult(PublishState.QUEUE_FULL, 0)
+        if info.rc == self._mqtt.MQTT_ERR_NO_CONN:
+            return PublishResult(PublishState.HELD, int(info.mid))
+        return PublishResult(PublishState.SENT, int(info.mid))
+
+    def clear_retained(self, topic: str) -> PublishResult:
+        """Delete the retained message of `topic` (an empty retained publish)."""
+        check_publish_topic(topic)
+        info = self._client.publish(topic, b"", qos=QOS, retain=True)
+        state = PublishState.SENT if info.rc == self._mqtt.MQTT_ERR_SUCCESS else PublishState.HELD
+        return PublishResult(state, int(info.mid))

@@ -1,0 +1,189 @@
+"""Running a verified bundle with onnxruntime, and the health check every new policy passes before use.
+
+`OnnxPolicy` wraps one onnxruntime session (one intra-op thread: an edge node runs many small things).
+`check_policy` is the health check of the A/B cache: within a deadline the new policy must load, its graph and
+manifest must match the local simulator's spaces, its outputs must be finite and valid actions, its p99
+latency must be within budget, and, optionally, it must reach a minimum return on the simulator.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from device import Bundle, require, space_to_json
+from edge._errors import EdgeConfigError
+
+
+class OnnxPolicy:
+    """One bundle's model in an onnxruntime session; `act` maps one observation to one env action."""
+
+    def __init__(self, bundle: Bundle) -> None:
+        ort = require("onnxruntime", extra="edge", purpose="running policies at the edge")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        self.bundle = bundle
+        self.policy = bundle.manifest.policy
+        self.version = bundle.manifest.version
+        self.created_at = bundle.manifest.created_at
+        self.session = ort.InferenceSession(bundle.model, options, providers=["CPUExecutionProvider"])
+        self.input_name = bundle.manifest.input_name
+        self.output_name = bundle.manifest.output_names[0]
+        self._outputs = [self.output_name]
+        self.discrete = bundle.manifest.action_space.get("type") == "Discrete"
+
+    def run(self, obs_batch: np.ndarray) -> np.ndarray:
+        """Raw graph output ``action`` for a batch of observations."""
+        out: np.ndarray = self.session.run(self._outputs, {self.input_name: obs_batch})[0]
+        return out
+
+    def act(self, obs: np.ndarray) -> Any:
+        """The env action for one observation: an int for Discrete, a float32 array for Box."""
+        out = self.session.run(self._outputs, {self.input_name: obs.reshape(1, *obs.shape)})[0]
+        return int(out[0]) if self.discrete else out[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealthConfig:
+    """What a new policy must show before it replaces the running one."""
+
+    deadline_s: float = 10.0
+    """The whole check must finish within this many seconds, else the policy fails."""
+    probe_calls: int = 32
+    """Single-observation inferences timed for the latency check."""
+    latency_budget_ms: float = 20.0
+    """p99 latency of one inference must stay within this (loose: shared machines stall)."""
+    min_return: float | None = None
+    """When set, the mean return over `episodes` simulator episodes must reach it."""
+    episodes: int = 1
+    """Simulator episodes for the `min_return` check."""
+    max_episode_steps: int = 2000
+    """Step cap per health-check episode."""
+
+    def __post_init__(self) -> None:
+        if self.deadline_s <= 0 or self.probe_calls < 1 or self.latency_budget_ms <= 0 or self.episodes < 1:
+            raise EdgeConfigError(f"HealthConfig: deadline_s={self.deadline_s}, probe_calls={self.probe_calls}, "
+                                  f"latency_budget_ms={self.latency_budget_ms} and episodes={self.episodes} "
+                                  "must all be positive")
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    """Outcome of `check_policy`: `ok`, or the first `reason` it failed."""
+
+    ok: bool
+    reason: str
+    latency_p99_us: float | None = None
+    mean_return: float | None = None
+    seconds: float = 0.0
+
+
+class _Failed(Exception):
+    pass
+
+
+def _same_space(manifest_space: dict[str, Any], env_space: Any) -> str | None:
+    try:
+        env_json = space_to_json(env_space)
+    except ValueError as exc:
+        return f"the simulator's space {env_space} has no bundle form ({exc})"
+    if manifest_space.get("type") != env_json["type"]:
+        return f"space type {manifest_space.get('type')} does not match the simulator's {env_json['type']}"
+    key = "n" if env_json["type"] == "Discrete" else "shape"
+    if manifest_space.get(key) != env_json[key]:
+        return f"space {key} {manifest_space.get(key)} does not match the simulator's {env_json[key]}"
+    return None
+
+
+def check_policy(bundle: Bundle, make_env: Callable[[], Any], config: HealthConfig, *,
+                 clock: Callable[[], float] = time.perf_counter) -> tuple[OnnxPolicy | None, HealthReport]:
+    """Run the health check; return the loaded policy (None when it failed) and the report."""
+    started = clock()
+
+    def left(step: str) -> None:
+        if clock() - started > config.deadline_s:
+            raise _Failed(f"deadline of {config.deadline_s}s passed during {step}")
+
+    p99: float | None = None
+    mean_return: float | None = None
+    env = None
+    try:
+        m = bundle.manifest
+        try:
+            policy = OnnxPolicy(bundle)
+        except Exception as exc:  # onnxruntime raises its own untyped errors on a bad graph
+            raise _Failed(f"onnxruntime cannot load the model: {type(exc).__name__}: {exc}") from None
+        left("loading")
+        env = make_env()
+        for name, manifest_space, env_space in (("observation", m.observation_space, env.observation_space),
+                                                ("action", m.action_space, env.action_space)):
+            problem = _same_space(manifest_space, env_space)
+            if problem:
+                raise _Failed(f"{name} {problem}")
+        inputs = {i.name: i for i in policy.session.get_inputs()}
+        if policy.input_name not in inputs:
+            raise _Failed(f"the graph has no input {policy.input_name!r} (inputs: {sorted(inputs)})")
+        graph_shape = list(inputs[policy.input_name].shape)[1:]
+        obs_shape = list(env.observation_space.shape)
+        if len(graph_shape) != len(obs_shape) or any(isinstance(g, int) and g != o
+                                                     for g, o in zip(graph_shape, obs_shape, strict=False)):
+            raise _Failed(f"graph input shape {graph_shape} does not match observations of shape {obs_shape}")
+        outputs = [o.name for o in policy.session.get_outputs()]
+        if policy.output_name not in outputs:
+            raise _Failed(f"the graph has no output {policy.output_name!r} (outputs: {outputs})")
+        env.observation_space.seed(0)
+        probe = np.stack([np.asarray(env.observation_space.sample(), dtype=np.float32) for _ in range(8)])
+        try:
+            every_output = policy.session.run(None, {policy.input_name: probe})
+        except Exception as exc:  # shape or type errors inside the graph surface here
+            raise _Failed(f"inference failed: {type(exc).__name__}: {exc}") from None
+        for name, value in zip(outputs, every_output, strict=True):
+            if np.asarray(value).dtype.kind == "f" and not np.all(np.isfinite(value)):
+                raise _Failed(f"output {name!r} is not finite")
+        actions = np.asarray(every_output[outputs.index(policy.output_name)])
+        if actions.shape[:1] != (len(probe),):
+            raise _Failed(f"output {policy.output_name!r} has shape {list(actions.shape)} for a batch of "
+                          f"{len(probe)}")
+        if not np.all(np.isfinite(actions.astype(np.float64))):
+            raise _Failed(f"output {policy.output_name!r} is not finite")
+        if policy.discrete and not all(env.action_space.contains(int(a)) for a in actions):
+            raise _Failed(f"actions {actions.tolist()} are not in the simulator's action space")
+        left("the output check")
+        times = []
+        obs, _ = env.reset(seed=0)
+        obs = np.asarray(obs, dtype=np.float32)
+        for _ in range(config.probe_calls):
+            t0 = time.perf_counter()
+            policy.act(obs)
+            times.append(time.perf_counter() - t0)
+        p99 = float(np.percentile(times, 99) * 1e6)
+        if p99 > config.latency_budget_ms * 1000:
+            raise _Failed(f"p99 latency {p99 / 1000:.2f} ms exceeds the budget of {config.latency_budget_ms} ms")
+        left("the latency check")
+        if config.min_return is not None:
+            returns = []
+            for episode in range(config.episodes):
+                obs, _ = env.reset(seed=episode)
+                total = 0.0
+                for _ in range(config.max_episode_steps):
+                    obs, reward, terminated, truncated, _ = env.step(policy.act(np.asarray(obs, np.float32)))
+                    total += float(reward)
+                    if terminated or truncated:
+                        break
+                    left("the simulator episodes")
+                returns.append(total)
+            mean_return = float(np.mean(returns))
+            if mean_return < config.min_return:
+                raise _Failed(f"mean return {mean_return:.2f} over {config.episodes} episodes is below "
+                              f"the minimum {config.min_return}")
+        return policy, HealthReport(True, "ok", p99, mean_return, clock() - started)
+    except _Failed as failed:
+        return None, HealthReport(False, str(failed), p99, mean_return, clock() - started)
+    finally:
+        if env is not None:
+            env.close()

@@ -1,0 +1,491 @@
+"""The MQTT contract of strata: every topic, every payload, how each is encoded and validated.
+
+Topics (all under ``strata/{fleet}/``; QoS 1 everywhere; MQTT 3.1.1 features only):
+
+    announce                              retained JSON `Announcement`: the latest bundle published to the fleet
+    policies/{policy}/latest              retained: the bundle bytes (<= 100 KB), or, for a larger bundle,
+                                          the JSON `Announcement` with ``chunks > 0`` that says where its chunks are
+    policies/{policy}/chunks/{index}      retained `Chunk` (raw-buffer message, ``device.pack_arrays``)
+    nodes/{node}/status                   retained JSON `NodeStatus`; also the node's last will (``online: false``)
+    nodes/{node}/telemetry                JSON `Telemetry`, one record of the node's outbox (``record_id``)
+    nodes/{node}/experience               raw-buffer `Experience`, one outbox record of edge-collected transitions
+    nodes/{node}/control                  JSON `Control` for one node
+    control                               JSON `Control` for the whole fleet
+
+Every topic a node must read is exact, never a wildcard, because AWS IoT Core sends no retained messages to
+wildcard subscriptions. Payloads are JSON for small control messages and raw bytes for binary ones; nothing is
+ever pickled. AWS IoT Core caps a payload at 128 KB, so a bundle over `MAX_SINGLE_BUNDLE` (100 KB) travels in
+`CHUNK_BYTES` chunks, each naming the bundle id, its index, the total and the bundle's sha256; `ChunkAssembler`
+puts them back together within a memory and a time bound, and keeps partial work across reconnects.
+
+Incoming payloads are validated here: a bad one raises `PayloadError` naming the topic and the problem, which
+the receiver logs before dropping the message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from device import RolloutBatch, WireError, pack_arrays, unpack_arrays
+from edge._errors import EdgeConfigError, PayloadError
+
+PREFIX = "strata"
+QOS = 1
+AWS_MAX_PAYLOAD = 128 * 1024
+"""AWS IoT Core's payload limit; nothing strata publishes is larger."""
+MAX_SINGLE_BUNDLE = 100 * 1024
+"""Bundles up to this size travel in one message; larger ones in chunks."""
+CHUNK_BYTES = 96 * 1024
+"""Bundle bytes per chunk; with its header a chunk stays under `AWS_MAX_PAYLOAD`."""
+MAX_JSON_PAYLOAD = 64 * 1024
+"""Control, status, telemetry and announcement messages are refused above this size."""
+MAX_CHUNKS = 1024
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+NodeTopicKind = Literal["status", "telemetry", "experience", "control"]
+_NODE_KINDS: tuple[NodeTopicKind, ...] = ("status", "telemetry", "experience", "control")
+ControlCommand = Literal["status", "resync"]
+CONTROL_COMMANDS: tuple[ControlCommand, ...] = ("status", "resync")
+
+
+def check_segment(value: str, what: str) -> str:
+    """Return `value` if it can be one topic segment (fleet, node or policy name); raise `EdgeConfigError`."""
+    if not isinstance(value, str) or not _SEGMENT.match(value):
+        raise EdgeConfigError(
+            f"{what} {value!r} cannot be an MQTT topic segment: use 1-64 characters of letters, digits, "
+            "'_', '.' or '-', starting with a letter or digit (no '/', '+', '#')"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class FleetTopics:
+    """Every topic of one fleet; the only place topic strings are built."""
+
+    fleet: str
+
+    def __post_init__(self) -> None:
+        check_segment(self.fleet, "fleet")
+
+    @property
+    def root(self) -> str:
+        """``strata/{fleet}``."""
+        return f"{PREFIX}/{self.fleet}"
+
+    @property
+    def announce(self) -> str:
+        """Retained latest announcement of the fleet."""
+        return f"{self.root}/announce"
+
+    @property
+    def control(self) -> str:
+        """Fleet-wide control."""
+        return f"{self.root}/control"
+
+    def policy_latest(self, policy: str) -> str:
+        """Retained latest bundle (or chunked announcement) of one policy."""
+        return f"{self.root}/policies/{check_segment(policy, 'policy')}/latest"
+
+    def policy_chunk(self, policy: str, index: int) -> str:
+        """Retained chunk `index` of the latest chunked bundle of one policy."""
+        if not 0 <= index < MAX_CHUNKS:
+            raise EdgeConfigError(f"policy_chunk: index {index} is outside 0..{MAX_CHUNKS - 1}")
+        return f"{self.root}/policies/{check_segment(policy, 'policy')}/chunks/{index}"
+
+    def node(self, node: str, kind: NodeTopicKind) -> str:
+        """``nodes/{node}/{kind}`` for kind in status, telemetry, experience, control."""
+        if kind not in _NODE_KINDS:
+            raise EdgeConfigError(f"node topic kind {kind!r} is not one of {list(_NODE_KINDS)}")
+        return f"{self.root}/nodes/{check_segment(node, 'node id')}/{kind}"
+
+    def all_nodes(self, kind: NodeTopicKind) -> str:
+        """Wildcard over every node's `kind` topic (for the cloud side; retained messages need Mosquitto)."""
+        return f"{self.root}/nodes/+/{kind}"
+
+    def parse_node_topic(self, topic: str) -> tuple[str, NodeTopicKind] | None:
+        """``(node, kind)`` for a node topic of this fleet, else None."""
+        parts = topic.split("/")
+        if len(parts) == 5 and parts[:3] == [PREFIX, self.fleet, "nodes"] and parts[4] in _NODE_KINDS:
+            kind: NodeTopicKind = parts[4]
+            return parts[3], kind
+        return None
+
+
+# ---------------------------------------------------------------------------------------------- JSON helpers
+
+def _encode_json(obj: Mapping[str, Any]) -> bytes:
+    data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+    if len(data) > MAX_JSON_PAYLOAD:
+        raise EdgeConfigError(f"JSON payload of {len(data)} bytes exceeds the {MAX_JSON_PAYLOAD}-byte limit")
+    return data
+
+
+def _decode_json(topic: str, payload: bytes, kind: str) -> dict[str, Any]:
+    if len(payload) > MAX_JSON_PAYLOAD:
+        raise PayloadError(topic, f"{len(payload)} bytes exceeds the {MAX_JSON_PAYLOAD}-byte limit for {kind}")
+    try:
+        obj = json.loads(payload)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise PayloadError(topic, f"{kind} is not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise PayloadError(topic, f"{kind} must be a JSON object, got {type(obj).__name__}")
+    if obj.get("kind") != kind:
+        raise PayloadError(topic, f"expected kind {kind!r}, got {obj.get('kind')!r}")
+    return obj
+
+
+def _field(topic: str, obj: Mapping[str, Any], name: str, types: type | tuple[type, ...], *,
+           optional: bool = False) -> Any:
+    if name not in obj or obj[name] is None:
+        if optional:
+            return None
+        raise PayloadError(topic, f"field {name!r} is missing")
+    value = obj[name]
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise PayloadError(topic, f"field {name!r} must be {types}, got a bool")
+    if not isinstance(value, types):
+        raise PayloadError(topic, f"field {name!r} must be {types}, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PayloadError(topic, f"field {name!r} must be finite, got {value}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- announcements
+
+@dataclass(frozen=True, kw_only=True)
+class Announcement:
+    """A bundle was published: which policy and version, its sha256 and size, and how it travels."""
+
+    policy: str
+    """Policy name."""
+    version: int
+    """Bundle version."""
+    sha256: str
+    """sha256 hex of the whole bundle bytes (``Bundle.to_bytes()``)."""
+    size: int
+    """Bundle size in bytes."""
+    chunks: int = 0
+    """0: the bundle is the payload of ``policies/{policy}/latest``; else the number of chunks."""
+    bundle_id: str = ""
+    """Id that every chunk of this bundle carries (first 16 hex of sha256)."""
+    published_at: float = 0.0
+    """Unix time of publishing."""
+
+    def encode(self) -> bytes:
+        """JSON payload."""
+        return _encode_json({"kind": "announcement", **asdict(self)})
+
+    @classmethod
+    def decode(cls, topic: str, payload: bytes) -> Announcement:
+        """Parse and validate; raise `PayloadError`."""
+        obj = _decode_json(topic, payload, "announcement")
+        ann = cls(
+            policy=_field(topic, obj, "policy", str), version=_field(topic, obj, "version", int),
+            sha256=_field(topic, obj, "sha256", str), size=_field(topic, obj, "size", int),
+            chunks=_field(topic, obj, "chunks", int), bundle_id=_field(topic, obj, "bundle_id", str),
+            published_at=float(_field(topic, obj, "published_at", (int, float))),
+        )
+        if not _SEGMENT.match(ann.policy):
+            raise PayloadError(topic, f"policy name {ann.policy!r} is not a valid topic segment")
+        if ann.version < 1 or ann.size < 1 or not _SHA256.match(ann.sha256):
+            raise PayloadError(topic, f"version {ann.version}, size {ann.size} or sha256 {ann.sha256!r} is invalid")
+        if not 0 <= ann.chunks <= MAX_CHUNKS or (ann.chunks and ann.chunks != math.ceil(ann.size / CHUNK_BYTES)):
+            raise PayloadError(topic, f"chunks={ann.chunks} does not fit size={ann.size} "
+                                      f"at {CHUNK_BYTES} bytes per chunk")
+        return ann
+
+
+def is_json_payload(payload: bytes) -> bool:
+    """Whether a ``latest`` payload is a JSON announcement (chunked bundle) rather than bundle bytes."""
+    return payload[:1] == b"{"
+
+
+# ---------------------------------------------------------------------------------------------- chunks
+
+@dataclass(frozen=True, kw_only=True)
+class Chunk:
+    """One piece of a bundle too large for one message."""
+
+    policy: str
+    bundle_id: str
+    index: int
+    total: int
+    sha256: str
+    size: int
+    data: bytes
+
+    def encode(self) -> bytes:
+        """Raw-buffer payload: header in the JSON meta, bytes as a uint8 array."""
+        meta = {"kind": "chunk", "policy": self.policy, "bundle_id": self.bundle_id, "index": self.index,
+                "total": self.total, "sha256": self.sha256, "size": self.size}
+        return pack_arrays(meta, {"data": np.frombuffer(self.data, dtype=np.uint8)})
+
+    @classmethod
+    def decode(cls, topic: str, payload: bytes) -> Chunk:
+        """Parse and validate; raise `PayloadError`."""
+        if len(payload) > AWS_MAX_PAYLOAD:
+            raise PayloadError(topic, f"chunk of {len(payload)} bytes exceeds {AWS_MAX_PAYLOAD}")
+        try:
+            meta, arrays = unpack_arrays(payload)
+        except WireError as exc:
+            raise PayloadError(topic, f"chunk is not a raw-buffer message: {exc}") from None
+        if meta.get("kind") != "chunk" or "data" not in arrays:
+            raise PayloadError(topic, f"expected kind 'chunk' with a data array, got {meta.get('kind')!r}")
+        data = arrays["data"]
+        if data.dtype != np.uint8 or data.ndim != 1:
+            raise PayloadError(topic, f"chunk data must be 1-D uint8, got {data.dtype} {data.shape}")
+        chunk = cls(policy=_field(topic, meta, "policy", str), bundle_id=_field(topic, meta, "bundle_id", str),
+                    index=_field(topic, meta, "index", int), total=_field(topic, meta, "total", int),
+                    sha256=_field(topic, meta, "sha256", str), size=_field(topic, meta, "size", int),
+                    data=data.tobytes())
+        if not (0 <= chunk.index < chunk.total <= MAX_CHUNKS) or not _SHA256.match(chunk.sha256):
+            raise PayloadError(topic, f"chunk index {chunk.index} of total {chunk.total} or sha256 is invalid")
+        return chunk
+
+
+def bundle_id(data: bytes) -> str:
+    """Id of a bundle's bytes: the first 16 hex characters of their sha256."""
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def split_bundle(data: bytes, *, policy: str, version: int, published_at: float) -> tuple[Announcement, list[Chunk]]:
+    """Cut bundle bytes into chunks when they exceed `MAX_SINGLE_BUNDLE`; return the announcement and chunks."""
+    sha = hashlib.sha256(data).hexdigest()
+    total = 0 if len(data) <= MAX_SINGLE_BUNDLE else math.ceil(len(data) / CHUNK_BYTES)
+    if total > MAX_CHUNKS:
+        raise EdgeConfigError(f"split_bundle: {len(data)} bytes needs {total} chunks, more than {MAX_CHUNKS}")
+    ann = Announcement(policy=policy, version=version, sha256=sha, size=len(data), chunks=total,
+                       bundle_id=sha[:16], published_at=published_at)
+    chunks = [Chunk(policy=policy, bundle_id=ann.bundle_id, index=i, total=total, sha256=sha, size=len(data),
+                    data=data[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES]) for i in range(total)]
+    return ann, chunks
+
+
+@dataclass
+class _Assembly:
+    announcement: Announcement
+    started: float
+    parts: dict[int, bytes] = field(default_factory=dict)
+
+
+class ChunkAssembler:
+    """Reassembles chunked bundles, bounded in memory (`max_bytes` over all partial bundles) and time.
+
+    Partial bundles survive reconnects (the retained chunks are delivered again and already-held ones are
+    skipped), so a transfer resumes where it stopped; a bundle not complete within `timeout_s` of its
+    announcement is dropped. A newer announcement of the same policy replaces an older partial one.
+    """
+
+    def __init__(self, *, max_bytes: int = 16 * 1024 * 1024, timeout_s: float = 120.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._by_policy: dict[str, _Assembly] = {}
+
+    def expect(self, ann: Announcement) -> None:
+        """Start (or keep) collecting the chunks of `ann`; raise `EdgeConfigError` when it cannot fit."""
+        if ann.chunks == 0:
+            raise EdgeConfigError(f"ChunkAssembler.expect: announcement of {ann.policy} v{ann.version} is not chunked")
+        current = self._by_policy.get(ann.policy)
+        if current is not None and current.announcement.bundle_id == ann.bundle_id:
+            return
+        self._by_policy.pop(ann.policy, None)
+        self.expire()
+        held = sum(len(p) for a in self._by_policy.values() for p in a.parts.values())
+        if ann.size + held > self.max_bytes:
+            raise EdgeConfigError(f"ChunkAssembler: bundle {ann.policy} v{ann.version} of {ann.size} bytes does not "
+                                  f"fit the {self.max_bytes}-byte reassembly bound ({held} bytes held)")
+        self._by_policy[ann.policy] = _Assembly(ann, self._clock())
+
+    def missing(self, policy: str) -> list[int]:
+        """Indices still missing for the bundle being assembled for `policy`."""
+        a = self._by_policy.get(policy)
+        return [] if a is None else [i for i in range(a.announcement.chunks) if i not in a.parts]
+
+    def expire(self) -> list[Announcement]:
+        """Drop assemblies older than `timeout_s`; return their announcements."""
+        now = self._clock()
+        dropped = [p for p, a in self._by_policy.items() if now - a.started > self.timeout_s]
+        return [self._by_policy.pop(p).announcement for p in dropped]
+
+    def add(self, topic: str, chunk: Chunk) -> bytes | None:
+        """Take one chunk; return the whole bundle when it is complete and its sha256 matches, else None.
+
+        Chunks of another bundle than the one expected (an older retained chunk) are ignored. A complete
+        bundle whose sha256 does not match raises `PayloadError` and the assembly is dropped.
+        """
+        a = self._by_policy.get(chunk.policy)
+        if a is None or chunk.bundle_id != a.announcement.bundle_id:
+            return None
+        ann = a.announcement
+        if chunk.total != ann.chunks or chunk.sha256 != ann.sha256 or chunk.size != ann.size:
+            raise PayloadError(topic, f"chunk header (total={chunk.total}, size={chunk.size}) disagrees with the "
+                                      f"announcement (chunks={ann.chunks}, size={ann.size})")
+        expected = min(CHUNK_BYTES, ann.size - chunk.index * CHUNK_BYTES)
+        if len(chunk.data) != expected:
+            raise PayloadError(topic, f"chunk {chunk.index} has {len(chunk.data)} bytes, expected {expected}")
+        a.parts[chunk.index] = chunk.data
+        if len(a.parts) < ann.chunks:
+            return None
+        del self._by_policy[chunk.policy]
+        data = b"".join(a.parts[i] for i in range(ann.chunks))
+        if hashlib.sha256(data).hexdigest() != ann.sha256:
+            raise PayloadError(topic, f"reassembled bundle {ann.policy} v{ann.version} does not match its sha256")
+        return data
+
+
+# ---------------------------------------------------------------------------------------------- node messages
+
+@dataclass(frozen=True, kw_only=True)
+class NodeStatus:
+    """A node's presence and running policy; retained, and its ``online: false`` form is the last will."""
+
+    node: str
+    online: bool
+    policy: str | None = None
+    version: int | None = None
+    updated_at: float = 0.0
+    last_error: str | None = None
+    outbox_pending: int = 0
+    outbox_dropped: int = 0
+
+    def encode(self) -> bytes:
+        """JSON payload."""
+        return _encode_json({"kind": "status", **asdict(self)})
+
+    @classmethod
+    def decode(cls, topic: str, payload: bytes) -> NodeStatus:
+        """Parse and validate; raise `PayloadError`."""
+        obj = _decode_json(topic, payload, "status")
+        return cls(node=_field(topic, obj, "node", str), online=_field(topic, obj, "online", bool),
+                   policy=_field(topic, obj, "policy", str, optional=True),
+                   version=_field(topic, obj, "version", int, optional=True),
+                   updated_at=float(_field(topic, obj, "updated_at", (int, float))),
+                   last_error=_field(topic, obj, "last_error", str, optional=True),
+                   outbox_pending=_field(topic, obj, "outbox_pending", int, optional=True) or 0,
+                   outbox_dropped=_field(topic, obj, "outbox_dropped", int, optional=True) or 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Telemetry:
+    """One telemetry record of a node: what its simulators did since the previous record."""
+
+    record_id: int
+    node: str
+    sent_at: float
+    policy: str | None
+    version: int | None
+    policy_age_s: float | None
+    steps: int
+    episodes: int
+    episode_returns: tuple[float, ...]
+    episode_lengths: tuple[int, ...]
+    latency_p50_us: float | None
+    latency_p99_us: float | None
+    decisions_by_version: dict[str, int]
+    outbox_pending: int = 0
+    outbox_dropped: int = 0
+
+    def encode(self) -> bytes:
+        """JSON payload."""
+        obj = asdict(self)
+        obj["episode_returns"] = list(self.episode_returns)
+        obj["episode_lengths"] = list(self.episode_lengths)
+        return _encode_json({"kind": "telemetry", **obj})
+
+    @classmethod
+    def decode(cls, topic: str, payload: bytes) -> Telemetry:
+        """Parse and validate; raise `PayloadError`."""
+        obj = _decode_json(topic, payload, "telemetry")
+        returns = _field(topic, obj, "episode_returns", list)
+        lengths = _field(topic, obj, "episode_lengths", list)
+        by_version = _field(topic, obj, "decisions_by_version", dict)
+        if not all(isinstance(r, int | float) and not isinstance(r, bool) for r in returns) or not all(
+                isinstance(n, int) and not isinstance(n, bool) for n in lengths):
+            raise PayloadError(topic, "episode_returns must be numbers and episode_lengths integers")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in by_version.values()):
+            raise PayloadError(topic, "decisions_by_version values must be integers")
+        age = _field(topic, obj, "policy_age_s", (int, float), optional=True)
+        p50 = _field(topic, obj, "latency_p50_us", (int, float), optional=True)
+        p99 = _field(topic, obj, "latency_p99_us", (int, float), optional=True)
+        return cls(record_id=_field(topic, obj, "record_id", int), node=_field(topic, obj, "node", str),
+                   sent_at=float(_field(topic, obj, "sent_at", (int, float))),
+                   policy=_field(topic, obj, "policy", str, optional=True),
+                   version=_field(topic, obj, "version", int, optional=True),
+                   policy_age_s=None if age is None else float(age), steps=_field(topic, obj, "steps", int),
+                   episodes=_field(topic, obj, "episodes", int),
+                   episode_returns=tuple(float(r) for r in returns), episode_lengths=tuple(lengths),
+                   latency_p50_us=None if p50 is None else float(p50),
+                   latency_p99_us=None if p99 is None else float(p99),
+                   decisions_by_version={str(k): int(v) for k, v in by_version.items()},
+                   outbox_pending=_field(topic, obj, "outbox_pending", int, optional=True) or 0,
+                   outbox_dropped=_field(topic, obj, "outbox_dropped", int, optional=True) or 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Experience:
+    """One outbox record of edge-collected transitions for the learner: a `device.RolloutBatch` plus ids."""
+
+    record_id: int
+    node: str
+    batch: RolloutBatch
+
+    def encode(self) -> bytes:
+        """Raw-buffer payload: the batch's arrays, with node and record id in the meta."""
+        b = self.batch
+        arrays = {name: getattr(b, name) for name in ("obs", "actions", "rewards", "terminations", "truncations",
+                                                       "final_obs", "next_obs", "policy_version", "worker", "seq")}
+        data = pack_arrays({"kind": "experience", "record_id": self.record_id, "node": self.node,
+                            "source": b.source}, arrays)
+        if len(data) > AWS_MAX_PAYLOAD:
+            raise EdgeConfigError(f"Experience.encode: {len(data)} bytes exceeds {AWS_MAX_PAYLOAD}; "
+                                  "collect fewer steps per record")
+        return data
+
+    @classmethod
+    def decode(cls, topic: str, payload: bytes) -> Experience:
+        """Parse and validate; raise `PayloadError`."""
+        try:
+            meta, arrays = unpack_arrays(payload)
+        except WireError as exc:
+            raise PayloadError(topic, f"experience is not a raw-buffer message: {exc}") from None
+        if meta.get("kind") != "experience":
+            raise PayloadError(topic, f"expected kind 'experience', got {meta.get('kind')!r}")
+        try:
+            batch = RolloutBatch(source=_field(topic, meta, "source", str), **arrays)
+        except (TypeError, ValueError) as exc:
+            raise PayloadError(topic, f"experience arrays do not form a RolloutBatch: {exc}") from None
+        return cls(record_id=_field(topic, meta, "record_id", int), node=_field(topic, meta, "node", str),
+                   batch=batch)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Control:
+    """A command to one node or the whole fleet: ``status`` (publish status now) or ``resync`` (fetch latest)."""
+
+    command: ControlCommand
+    issued_at: float = 0.0
+
+    def encode(self) -> bytes:
+        """JSON payload."""
+        return _encode_json({"kind": "control", **asdict(self)})
+
+    @classmethod
+    def decode(cls, topic: str, payload: bytes) -> Control:
+        """Parse and validate; raise `PayloadError`."""
+        obj = _decode_json(topic, payload, "control")
+        command = _field(topic, obj, "command", str)
+        if command not in CONTROL_COMMANDS:
+            raise PayloadError(topic, f"command {command!r} is not one of {list(CONTROL_COMMANDS)}")
+        return cls(command=command, issued_at=float(_field(topic, obj, "issued_at", (int, float))))
