@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
-from device import RolloutBatch, StrataError, pack_arrays, require, unpack_arrays
+from device import RolloutBatch, StrataError, pack_arrays, require, space_bounds, space_to_json, unpack_arrays
 from functions._codec import CodecError, available_codecs, decode_bytes, encode_bytes
 from functions._errors import FunctionsError
 
@@ -75,31 +75,18 @@ class EnvServiceConfig:
     """HOST:PORT of a parameter server to pull the policy bundle from (empty: wait for SetPolicy)."""
     policy: str = ""
     """Policy name on the parameter server."""
-
-
-def space_to_json(space: Any) -> dict[str, Any]:
-    """The manifest JSON form of a gymnasium Box or Discrete space."""
-    kind = type(space).__name__
-    if kind == "Discrete":
-        return {"type": "Discrete", "n": int(space.n)}
-    if kind == "Box":
-        def flat(a: np.ndarray) -> list[float | str]:
-            return [("inf" if v > 0 else "-inf") if np.isinf(v) else float(v) for v in a.ravel().tolist()]
-        return {"type": "Box", "shape": list(space.shape), "dtype": str(space.dtype),
-                "low": flat(space.low), "high": flat(space.high)}
-    raise EnvServiceError(f"space_to_json: space {space!r} is not Box or Discrete; the env service hosts only those")
+    trust: tuple[str, ...] = ()
+    """Public keys (PEM) policy bundles must be signed by; empty: bundles are parsed, not verified."""
 
 
 def space_from_json(spec: Mapping[str, Any]) -> Any:
-    """Rebuild a gymnasium space from `space_to_json`'s form."""
+    """Rebuild a gymnasium space from the manifest JSON form (`device.space_to_json`)."""
     spaces = require("gymnasium.spaces", extra="functions", purpose="env service spaces")
     if spec.get("type") == "Discrete":
-        return spaces.Discrete(int(spec["n"]))
+        return spaces.Discrete(int(spec["n"]), start=int(spec.get("start", 0)))
     if spec.get("type") == "Box":
-        shape = tuple(spec["shape"])
-        low = np.array([float(v) for v in spec["low"]], dtype=spec["dtype"]).reshape(shape)
-        high = np.array([float(v) for v in spec["high"]], dtype=spec["dtype"]).reshape(shape)
-        return spaces.Box(low=low, high=high, shape=shape, dtype=spec["dtype"])
+        low, high = space_bounds(spec)
+        return spaces.Box(low=low.astype(spec["dtype"]), high=high.astype(spec["dtype"]), dtype=spec["dtype"])
     raise EnvServiceError(f"space_from_json: space type {spec.get('type')!r} is not 'Box' or 'Discrete'")
 
 
@@ -118,10 +105,10 @@ def decode_tensors(msg: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 class _Policy:
     """A loaded policy bundle: the numpy executor plus how to turn its outputs into actions."""
 
-    def __init__(self, bundle_bytes: bytes, rng: np.random.Generator) -> None:
+    def __init__(self, bundle_bytes: bytes, rng: np.random.Generator, verifier: Any = None) -> None:
         from device import Bundle, NumpyExecutor
 
-        self.bundle = Bundle.from_bytes(bundle_bytes)
+        self.bundle = verifier.verify(bundle_bytes) if verifier is not None else Bundle.from_bytes(bundle_bytes)
         self.executor = NumpyExecutor.from_bundle(self.bundle)
         self.version = int(self.bundle.manifest.version)
         self.name = str(self.bundle.manifest.policy)
@@ -164,6 +151,12 @@ class EnvService:
         self._lock = threading.Lock()
         self._rng = np.random.default_rng(config.seed)
         self._policy: _Policy | None = None
+        self._verifier: Any = None
+        if config.trust:
+            from device import TrustStore, Verifier
+
+            # The service is a training-side consumer, not a deployment tier: "any" skips the tier check.
+            self._verifier = Verifier(trust=TrustStore.from_paths(config.trust), tier="any")
         self._param_client: ParameterClient | None = None
         self.env_steps = 0
         self._server: grpc.Server | None = None
@@ -224,7 +217,7 @@ class EnvService:
 
     def load_bundle(self, bundle_bytes: bytes) -> int:
         """Load a policy bundle for `rollout`; return its version."""
-        policy = _Policy(bundle_bytes, self._rng)
+        policy = _Policy(bundle_bytes, self._rng, self._verifier)
         with self._lock:
             self._policy = policy
         return policy.version
