@@ -1,23 +1,128 @@
-"""Cloud-tier commands: demo (and, as they land, train, export, switch, status, runs, publish)."""
+"""Cloud-tier commands: train, export, demo (and, as they land, switch, status, runs, publish).
+
+Nothing heavy is imported here: each command imports torch, gymnasium or onnx when it runs.
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the cloud tier's commands to the root parser."""
+    from cloud._ppo import PPOConfig
+    from device import add_config_arguments
+
     demo = sub.add_parser(
         "demo",
         help="run the whole strata story on one machine with embedded defaults",
-        description="Run strata end to end on embedded defaults and write a report folder.",
+        description="Run strata end to end on embedded defaults and write a report folder: train PPO on "
+        "CartPole-v1 until solved (20-episode mean >= 475) or the step budget, export a signed bundle, "
+        "verify it, evaluate it with the numpy device executor, write a summary and a learning curve.",
     )
     demo.add_argument("--out", default="demo-report", help="report folder to write (default: %(default)s)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    demo.add_argument("--total-steps", type=int, default=150_000, metavar="N",
+                      help="env-step budget of the training stage (default: %(default)s)")
     demo.set_defaults(func=_demo)
+
+    train = sub.add_parser(
+        "train",
+        help="train a policy on a gymnasium env into a run dir",
+        description="Train PPO on any registered gymnasium env with a Box observation space and a Discrete "
+        "or Box action space. Writes RUN_DIR/checkpoints/{version:09d}.pt (atomically) and "
+        "RUN_DIR/metrics.jsonl; --resume continues the newest checkpoint's version lineage.",
+    )
+    train.add_argument("--env", required=True, metavar="ID", help="gymnasium env id, e.g. CartPole-v1")
+    train.add_argument("--algo", default="ppo", choices=["ppo"], help="learning algorithm (default: %(default)s)")
+    train.add_argument("--total-steps", type=int, required=True, metavar="N",
+                       help="env-step budget of the whole run (a resumed run stops at the same total)")
+    train.add_argument("--run-dir", required=True, type=Path, metavar="DIR", help="folder for checkpoints and metrics")
+    train.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    train.add_argument("--resume", action="store_true",
+                       help="continue from the newest checkpoint in --run-dir (its hyperparameters, unless "
+                       "flags below override them)")
+    train.add_argument("--target-return", type=float, default=None, metavar="R",
+                       help="stop early once the mean return of the last 20 episodes reaches R")
+    train.add_argument("--checkpoint-every", type=int, default=100, metavar="UPDATES",
+                       help="also checkpoint every this many updates (default: %(default)s); the last always is")
+    add_config_arguments(train.add_argument_group("PPO hyperparameters (PPOConfig)"), PPOConfig)
+    train.set_defaults(func=_train)
+
+    export = sub.add_parser(
+        "export",
+        help="export a trained run as a signed ONNX policy bundle",
+        description="Export a run's newest (or --version) checkpoint to ONNX with normalisation and action "
+        "post-processing inside the graph, check it (onnx.checker; torch vs onnxruntime at batch 1 and 3) "
+        "and write a signed policy bundle.",
+    )
+    export.add_argument("--run", required=True, type=Path, metavar="DIR", help="run dir written by `strata train`")
+    export.add_argument("--out", required=True, type=Path, metavar="FILE", help="bundle file to write (.bundle)")
+    export.add_argument("--key", type=Path, default=None, metavar="KEYFILE",
+                        help="Ed25519 private key (PEM) to sign with; default: DIR/keys/strata-signing.key, "
+                        "generated on first use")
+    export.add_argument("--tier", default="any", choices=["edge", "device", "any"],
+                        help="tier the bundle targets (default: %(default)s)")
+    export.add_argument("--version", type=int, default=None, metavar="V",
+                        help="policy version (checkpoint) to export (default: the newest)")
+    export.add_argument("--policy", default=None, metavar="NAME", help="bundle policy name (default: from the env id)")
+    export.add_argument("--ttl-s", type=float, default=None, metavar="SECONDS",
+                        help="seconds until the bundle expires (default: never)")
+    export.set_defaults(func=_export)
 
 
 def _demo(args: argparse.Namespace) -> int:
     from cloud._demo import DemoConfig, run_demo
 
-    return run_demo(DemoConfig(out=args.out, seed=args.seed))
+    return run_demo(DemoConfig(out=args.out, seed=args.seed, total_steps=args.total_steps))
+
+
+def _train(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from cloud._checkpoint import latest_checkpoint, load_checkpoint
+    from cloud._metrics import METRICS_FILE
+    from cloud._ppo import PPOConfig
+    from cloud._train import train
+
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(PPOConfig) if getattr(args, f.name) is not None}
+    given = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
+    newest = latest_checkpoint(args.run_dir) if args.resume else None
+    if newest is not None:
+        config = dataclasses.replace(PPOConfig.from_dict(load_checkpoint(newest)["config"]), **given)
+    else:
+        config = PPOConfig(**given)
+    result = train(env_id=args.env, total_steps=args.total_steps, run_dir=args.run_dir, seed=args.seed,
+                   config=config, resume=args.resume, target_return=args.target_return,
+                   checkpoint_every=args.checkpoint_every)
+    solved = "" if result.solved_at_step is None else f", reached {args.target_return} at step {result.solved_at_step:,}"
+    print(f"strata train: {args.env}: policy version {result.policy_version}, {result.global_step:,} env steps, "
+          f"mean return (last 20 episodes) {result.mean_return:.1f}{solved}, {result.wall_s:.1f} s")
+    print(f"strata train: checkpoint {result.checkpoint}; metrics {args.run_dir / METRICS_FILE}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from cloud._export import export_run, write_bundle
+    from device import generate_keypair, load_signing_key
+
+    key_path: Path = args.key
+    if key_path is None:
+        key_dir = args.run / "keys"
+        key_path = key_dir / "strata-signing.key"
+        if not key_path.exists():
+            generate_keypair(key_dir)
+            print(f"strata export: generated signing key {key_path} (public key {key_dir / 'strata-signing.pub'}: "
+                  "give it to consumers as --trust)")
+        else:
+            print(f"strata export: signing with the run's key {key_path}")
+    result = export_run(args.run, signing_key=load_signing_key(key_path), version=args.version, policy=args.policy,
+                        target_tier=args.tier, ttl_s=args.ttl_s)
+    write_bundle(args.out, result.bundle)
+    m = result.bundle.manifest
+    diff = ", ".join(f"{k} {v:.1e}" for k, v in result.max_abs_diff.items())
+    print(f"strata export: wrote {args.out}: policy {m.policy!r} version {m.version} (parent {m.parent_version}), "
+          f"tier {m.target_tier}, model {len(result.bundle.model):,} B sha256 {m.model_sha256[:12]}, "
+          f"key {result.bundle.key_id}; torch vs onnxruntime max |diff|: {diff}")
+    return 0

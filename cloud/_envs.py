@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from device import ConfigError, require
+from device import ConfigError, MissingDependencyError, require
 
 if TYPE_CHECKING:
     import gymnasium
@@ -65,7 +65,10 @@ def make_vector_env(
     if env_id not in gym.registry:
         raise ConfigError(f"make_vector_env: {env_id!r} is not a registered gymnasium env id; "
                           f"list them with `python -c 'import gymnasium; gymnasium.pprint_registry()'`")
-    envs = VECTOR_ENV_MODES[mode](env_id, num_envs=num_envs, seed=seed)
+    try:
+        envs = VECTOR_ENV_MODES[mode](env_id, num_envs=num_envs, seed=seed)
+    except gym.error.DependencyNotInstalled as exc:
+        raise MissingDependencyError(f"make_vector_env: {env_id!r} needs a package that is not installed: {exc}") from exc
     try:
         check_spaces(env_id, envs.single_observation_space, envs.single_action_space)
         autoreset = envs.metadata.get("autoreset_mode")

@@ -1,0 +1,203 @@
+"""PPO's parts with real gymnasium envs: config, env factory, rollout collection, bootstrapping, checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from cloud._agent import Agent, ObsNormalizer
+from cloud._checkpoint import list_checkpoints, load_checkpoint, load_latest_checkpoint, save_checkpoint
+from cloud._envs import VECTOR_ENV_MODES, make_vector_env
+from cloud._metrics import read_metrics
+from cloud._ppo import PPOConfig, RolloutCollector, bootstrap_next_values
+from cloud._train import train
+from device import ConfigError, RolloutBatch, add_config_arguments
+
+torch.set_num_threads(1)
+
+
+def test_config_validates_and_round_trips() -> None:
+    with pytest.raises(ConfigError, match=re.escape("PPOConfig: num_envs must be >= 1, got 0")):
+        PPOConfig(num_envs=0)
+    with pytest.raises(ConfigError, match=re.escape(
+            "PPOConfig: num_envs * num_steps = 256 must be divisible by num_minibatches = 3")):
+        PPOConfig(num_minibatches=3)
+    with pytest.raises(ConfigError, match=re.escape("PPOConfig: gamma must be within [0, 1], got 1.5")):
+        PPOConfig(gamma=1.5)
+    config = PPOConfig(hidden_sizes=(32,), num_envs=4, num_steps=16, num_minibatches=2)
+    assert config.batch_size == 64 and config.minibatch_size == 32 and config.num_updates(1000) == 15
+    assert PPOConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ConfigError, match=re.escape("PPOConfig.from_dict: unknown fields ['bogus']")):
+        PPOConfig.from_dict({"bogus": 1})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.gamma = 0.5  # type: ignore[misc]
+
+
+def test_every_config_field_is_documented_in_help() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, PPOConfig)
+    text = parser.format_help()
+    for f in dataclasses.fields(PPOConfig):
+        assert "--" + f.name.replace("_", "-") in text
+    assert "Lambda of generalised advantage estimation. (default: 0.8)" in " ".join(text.split())
+
+
+def test_factory_builds_same_step_autoreset_envs() -> None:
+    assert "sync" in VECTOR_ENV_MODES
+    envs = make_vector_env("CartPole-v1", num_envs=3, seed=0)
+    try:
+        assert envs.num_envs == 3
+        assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize(("env_id", "message"), [
+    ("Taxi-v4", "Taxi-v4: observation space Discrete(500) is not supported; strata's PPO needs a Box observation"),
+    ("Blackjack-v1", "Blackjack-v1: observation space Tuple(Discrete(32), Discrete(11), Discrete(2)) is not"),
+    ("NoSuchEnv-v0", "make_vector_env: 'NoSuchEnv-v0' is not a registered gymnasium env id"),
+])
+def test_factory_refuses_unsupported_envs_naming_the_space(env_id: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        make_vector_env(env_id, num_envs=1, seed=0)
+
+
+def test_factory_refuses_unknown_mode() -> None:
+    with pytest.raises(ConfigError, match=re.escape("make_vector_env: mode 'gpu' is not available; choose one of")):
+        make_vector_env("CartPole-v1", num_envs=1, seed=0, mode="gpu")
+
+
+def _short_cartpoles(num_envs: int, max_steps: int) -> gym.vector.SyncVectorEnv:
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1", max_episode_steps=max_steps)] * num_envs,
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs.reset(seed=3)
+    return envs
+
+
+def _agent(discrete: bool = True, obs_dim: int = 4, action_dim: int = 2) -> Agent:
+    torch.manual_seed(0)
+    return Agent(obs_dim=obs_dim, action_dim=action_dim, discrete=discrete, hidden_sizes=(16,))
+
+
+def test_collector_returns_a_rollout_batch_with_real_final_observations() -> None:
+    envs = _short_cartpoles(2, max_steps=5)
+    try:
+        collector = RolloutCollector(envs, num_steps=12)
+        normalizer = ObsNormalizer((4,), clip=10.0)
+        batch, episodes = collector.collect(_agent(), normalizer, policy_version=7, global_step=0)
+        batch2, _ = collector.collect(_agent(), normalizer, policy_version=8, global_step=24)
+    finally:
+        envs.close()
+    assert isinstance(batch, RolloutBatch) and batch.size == 24
+    assert batch.obs.shape == (12, 2, 4) and batch.actions.shape == (12, 2) and batch.actions.dtype == np.int64
+    assert (batch.policy_version == 7).all() and (batch2.policy_version == 8).all()
+    assert batch.seq[:, 0].tolist() == list(range(12)) and batch2.seq[0].tolist() == [12, 12]
+    assert RolloutBatch.from_bytes(batch.to_bytes()).logprobs is not None
+    ended = batch.terminations | batch.truncations
+    assert batch.truncations.any(), "a 5-step time limit must truncate within 12 steps"
+    # Every finished episode has a real final observation; none leaks into the next episode's first obs.
+    for t, n in zip(*np.nonzero(ended), strict=True):
+        assert np.abs(batch.final_obs[t, n]).sum() > 0
+        if t + 1 < 12:
+            assert not np.array_equal(batch.final_obs[t, n], batch.obs[t + 1, n])
+    assert not batch.final_obs[~ended].any()
+    assert all(e.episodic_length <= 5 for e in episodes) and len(episodes) == int(ended.sum())
+
+
+def test_bootstrap_uses_final_observation_on_truncation_only() -> None:
+    envs = _short_cartpoles(2, max_steps=5)
+    agent = _agent()
+    normalizer = ObsNormalizer((4,), clip=10.0)
+    try:
+        batch, _ = RolloutCollector(envs, num_steps=12).collect(agent, normalizer, policy_version=0, global_step=0)
+    finally:
+        envs.close()
+    next_values = bootstrap_next_values(agent, normalizer, batch)
+    with torch.no_grad():
+        v_final = agent.get_value(torch.from_numpy(normalizer(batch.final_obs))).numpy().reshape(12, 2)
+        v_next = agent.get_value(torch.from_numpy(normalizer(batch.next_obs))).numpy()
+    truncated = batch.truncations & ~batch.terminations
+    assert truncated.any()
+    np.testing.assert_allclose(next_values[truncated], v_final[truncated], rtol=1e-6)
+    inside = ~truncated
+    inside[-1] = False
+    assert batch.values is not None
+    np.testing.assert_allclose(next_values[:-1][inside[:-1]], batch.values[1:][inside[:-1]], rtol=1e-6)
+    np.testing.assert_allclose(next_values[-1][~truncated[-1]], v_next[~truncated[-1]], rtol=1e-6)
+
+
+def test_box_actions_are_clipped_for_the_env_but_stored_raw() -> None:
+    envs = make_vector_env("Pendulum-v1", num_envs=2, seed=0)
+    agent = Agent(obs_dim=3, action_dim=1, discrete=False, hidden_sizes=(8,), init_log_std=2.0)
+    try:
+        batch, _ = RolloutCollector(envs, num_steps=20).collect(agent, ObsNormalizer((3,), clip=10.0),
+                                                                policy_version=0, global_step=0)
+    finally:
+        envs.close()
+    assert batch.actions.shape == (20, 2, 1) and batch.actions.dtype == np.float32
+    assert np.abs(batch.actions).max() > 2.0  # std e^2: samples leave [-2, 2]; the env got them clipped
+
+
+def test_normalizer_matches_numpy_statistics() -> None:
+    rng = np.random.default_rng(0)
+    data = rng.normal(3.0, 2.0, size=(300, 4))
+    normalizer = ObsNormalizer((4,), clip=5.0)
+    for chunk in np.split(data, 3):
+        normalizer.update(chunk)
+    np.testing.assert_allclose(normalizer.mean, data.mean(axis=0), rtol=1e-10)
+    np.testing.assert_allclose(normalizer.var, data.var(axis=0), rtol=1e-10)
+    assert np.abs(normalizer(data)).max() <= 5.0
+    restored = ObsNormalizer((4,), clip=1.0)
+    restored.load_state_dict(normalizer.state_dict())
+    np.testing.assert_array_equal(restored(data), normalizer(data))
+
+
+def test_checkpoints_are_atomic_sorted_and_weights_only(tmp_path: Path) -> None:
+    for version in (10, 2):
+        save_checkpoint(tmp_path, {"version": version, "weights": torch.ones(3) * version})
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["000000002.pt", "000000010.pt"]
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.suffix != ".pt"]
+    assert load_latest_checkpoint(tmp_path, caller="t")["weights"].tolist() == [10.0] * 3
+    with pytest.raises(ConfigError, match=re.escape("t: run dir 'nowhere' has no checkpoints under checkpoints/")):
+        load_latest_checkpoint(Path("nowhere"), caller="t")
+    # A checkpoint holding an arbitrary object is refused by weights_only loading.
+    torch.save({"format": 1, "version": 11, "evil": Path("/")}, tmp_path / "checkpoints" / "000000011.pt")
+    with pytest.raises(Exception, match="Weights only load failed"):
+        load_checkpoint(tmp_path / "checkpoints" / "000000011.pt")
+
+
+def test_resume_continues_the_version_lineage(tmp_path: Path) -> None:
+    config = PPOConfig(num_envs=2, num_steps=16, update_epochs=2, hidden_sizes=(16,))
+    first = train(env_id="CartPole-v1", total_steps=160, run_dir=tmp_path, seed=1, config=config,
+                  checkpoint_every=2, progress=False, log=lambda _: None)
+    assert (first.policy_version, first.global_step) == (5, 160)
+    assert [int(p.stem) for p in list_checkpoints(tmp_path)] == [2, 4, 5]
+    with pytest.raises(ConfigError, match=re.escape("already has checkpoints; pass --resume")):
+        train(env_id="CartPole-v1", total_steps=320, run_dir=tmp_path, config=config, progress=False)
+    with pytest.raises(ConfigError, match=re.escape("trains 'CartPole-v1', not 'Pendulum-v1'")):
+        train(env_id="Pendulum-v1", total_steps=320, run_dir=tmp_path, resume=True, progress=False)
+    second = train(env_id="CartPole-v1", total_steps=320, run_dir=tmp_path, seed=1, resume=True, progress=False,
+                   log=lambda _: None)
+    assert (second.policy_version, second.global_step) == (10, 320)
+    state = load_checkpoint(second.checkpoint)
+    assert state["version"] == 10 and PPOConfig.from_dict(state["config"]) == config
+    records = read_metrics(tmp_path)
+    assert [r["policy_version"] for r in records] == list(range(1, 11))
+    assert [r["global_step"] for r in records] == [32 * i for i in range(1, 11)]
+    for key in ("losses/pg_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "perf/env_steps_per_s",
+                "charts/learning_rate"):
+        assert key in records[-1]
+    assert any("charts/episodic_return" in r for r in records)
+
+
+def test_resume_without_checkpoint_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=re.escape("--resume given but run dir")):
+        train(env_id="CartPole-v1", total_steps=100, run_dir=tmp_path, resume=True, progress=False)
