@@ -228,4 +228,92 @@ class LambdaInvoker:
         return delay
 
 
-__all__ = ["LAMBDA_MAX_TIMEOUT_S", "InvokeResult", "LambdaInvoker", "client"]
+# --- control-plane helpers used by the deploy pipeline (infra/_deploy.py) --------------------------
+
+#: Error codes that mean "this resource does not exist": readers turn them into ``None``.
+NOT_FOUND_CODES = frozenset({
+    "ResourceNotFoundException",  # Lambda, IoT
+    "NoSuchEntity",  # IAM
+    "NoSuchBucket", "404", "NotFound", "NoSuchKey",  # S3 (HEAD answers a bare 404)
+    "NoSuchTagSet", "NoSuchPublicAccessBlockConfiguration",  # S3 sub-resources that were never set
+})
+
+
+def error_code(exc: BaseException) -> str | None:
+    """The AWS error code of a botocore ``ClientError``, else None."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return None
+    code = response.get("Error", {}).get("Code")
+    return str(code) if code is not None else None
+
+
+def is_not_found(exc: BaseException) -> bool:
+    """Whether `exc` is a ``ClientError`` saying the resource does not exist."""
+    return error_code(exc) in NOT_FOUND_CODES
+
+
+def or_none(call: Callable[..., Any], /, **kwargs: Any) -> Any:
+    """Return ``call(**kwargs)``, or None when AWS answers that the resource does not exist."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return call(**kwargs)
+    except ClientError as exc:
+        if is_not_found(exc):
+            return None
+        raise
+
+
+def retry_while(call: Callable[..., Any], /, *, codes: frozenset[str], message_part: str = "",
+                attempts: int = 10, delay_s: float = 2.0, sleep: Callable[[float], None] = time.sleep,
+                **kwargs: Any) -> Any:
+    """Call `call(**kwargs)`, retrying while AWS answers one of `codes` (and `message_part` is in the message).
+
+    For eventual consistency only: e.g. a Lambda create right after its IAM role was created fails with
+    ``InvalidParameterValueException`` ("cannot be assumed by Lambda") for some seconds, until IAM has
+    propagated the role; the request did nothing, so repeating it is safe.
+    """
+    from botocore.exceptions import ClientError
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return call(**kwargs)
+        except ClientError as exc:
+            message = str(getattr(exc, "response", {}).get("Error", {}).get("Message", ""))
+            if error_code(exc) not in codes or message_part not in message or attempt == attempts:
+                raise
+            sleep(delay_s)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class Clients:
+    """The boto3 clients of one deployment (one region), built on first use through `client`.
+
+    Args:
+        region: The region every client talks to.
+        sleep: Injectable sleep for waits and eventual-consistency retries.
+    """
+
+    def __init__(self, *, region: str | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.sleep = sleep
+        self._account: str | None = None
+        sts = client("sts", region=region)
+        self.region: str = str(sts.meta.region_name)
+        """The resolved region (the argument, else boto3's chain, else us-east-1)."""
+        self._clients: dict[str, Any] = {"sts": sts}
+
+    def get(self, service: str) -> Any:
+        """The client for `service` (``"s3"``, ``"iam"``, ``"lambda"``, ``"iot"``, ``"sts"``)."""
+        if service not in self._clients:
+            self._clients[service] = client(service, region=self.region)
+        return self._clients[service]
+
+    def account_id(self) -> str:
+        """The caller's AWS account id (STS GetCallerIdentity), fetched once."""
+        if self._account is None:
+            self._account = str(self.get("sts").get_caller_identity()["Account"])
+        return self._account
+
+__all__ = ["LAMBDA_MAX_TIMEOUT_S", "NOT_FOUND_CODES", "Clients", "InvokeResult", "LambdaInvoker", "client",
+           "error_code", "is_not_found", "or_none", "retry_while"]

@@ -1,0 +1,219 @@
+"""The deploy pipeline of one stage, in Chalice's stages: models -> plan -> executor -> state file.
+
+    DeployConfig ──check_config──> build_artifacts (pip for Lambda's platform, cached; reproducible zip;
+         │                                          size guards)
+         └──> desired_resources (pure frozen models: bucket, role, functions, aliases, IoT per node)
+                 └──> plan_apply(desired, recorded state, live AWS)   read-only; frozen `Step` records with
+                         │                                            field diffs, drift marked
+                         └──> executor.execute(step) for each step    `AwsExecutor` is the only code that
+                                 │                                    changes AWS; `DryRunExecutor` prints
+                                 └──> StateStore.save after every step (JSON, schema version, atomic)
+
+`apply` re-plans from live state every time, so a second apply finds nothing to do and a failed one
+finishes on the next run. `destroy` plans deletes for everything recorded plus everything found by name
+(empty buckets first, versions included), and `rollback` moves each stage alias back to the version it
+pointed at before the last apply. Resource kinds live in registries (`infra._live.READERS`,
+`infra._executor.OPERATIONS`) that raise on a kind they do not know.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from infra._errors import StateError
+from infra._executor import AwsExecutor, Executor
+from infra._live import function_version_attributes, reader_for
+from infra._models import FUNCTIONS, Alias, Artifact, DeployConfig, Names, check_config, desired_resources
+from infra._package import build_dependencies, build_package
+from infra._plan import FieldChange, Plan, Step, plan_apply, plan_destroy
+from infra._state import State, StateStore
+from infra.aws import Clients, or_none
+
+AfterStep = Callable[[Step], None]
+
+
+def config_to_dict(config: DeployConfig) -> dict[str, Any]:
+    """`config` as JSON-ready data (recorded in the state file)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
+
+
+def config_from_dict(data: dict[str, Any], **overrides: Any) -> DeployConfig:
+    """A `DeployConfig` from recorded data plus `overrides` (unknown recorded keys are ignored)."""
+    known = {f.name for f in dataclasses.fields(DeployConfig)}
+    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known}
+    values.update(overrides)
+    return DeployConfig(**values)
+
+
+def build_dir(state_dir: Path, stage: str) -> Path:
+    """Where a stage's built zips go."""
+    return state_dir / stage / "build"
+
+
+def build_artifacts(config: DeployConfig, *, state_dir: Path) -> dict[str, Artifact]:
+    """Build (or reuse) the zip of every function of the functions tier."""
+    deps = build_dependencies(config.requirements, cache_dir=config.cache_path(), architecture=config.architecture)
+    artifact = build_package(deps, build_dir(state_dir, config.stage) / f"functions-{config.architecture}.zip",
+                             what="+".join(f.name for f in FUNCTIONS))
+    return {spec.name: artifact for spec in FUNCTIONS}  # every handler lives in the same package
+
+
+def _clients(config: DeployConfig, aws: Clients | None) -> Clients:
+    return aws if aws is not None else Clients(region=config.region)
+
+
+def plan(config: DeployConfig, *, state_dir: Path, aws: Clients | None = None) -> Plan:
+    """The plan `apply` would carry out now (builds the packages; changes nothing in AWS)."""
+    check_config(config)
+    aws = _clients(config, aws)
+    state = StateStore(state_dir, config.stage).load()
+    artifacts = build_artifacts(config, state_dir=state_dir)
+    desired = desired_resources(config, account=aws.account_id(), region=aws.region, artifacts=artifacts)
+    return plan_apply(desired, state, aws)
+
+
+def execute(plan_: Plan, executor: Executor, store: StateStore, state: State, *,
+            after_step: AfterStep | None = None) -> int:
+    """Carry out `plan_` step by step, saving the state after each; return how many steps changed AWS."""
+    changed = 0
+    for step in plan_.steps:
+        record = executor.execute(step)
+        if step.action != "no-op":
+            changed += 1
+        if executor.dry_run:
+            continue
+        if record is None:
+            state.drop(step.kind, step.name)
+        else:
+            state.put(record)
+        store.save(state)
+        if after_step is not None:
+            after_step(step)
+    return changed
+
+
+def apply(config: DeployConfig, *, state_dir: Path, aws: Clients | None = None, executor: Executor | None = None,
+          after_step: AfterStep | None = None) -> Plan:
+    """Plan and carry out the deployment of `config`; return the plan that was executed.
+
+    Args:
+        config: The desired deployment.
+        state_dir: Folder of the state files (``{stage}.json``) and node credentials.
+        aws: Clients to use (default: built from ``config.region`` and the standard chain).
+        executor: Default `AwsExecutor`; pass a `DryRunExecutor` to print instead.
+        after_step: Called after each step is recorded (progress output).
+    """
+    aws = _clients(config, aws)
+    store = StateStore(state_dir, config.stage)
+    the_plan = plan(config, state_dir=state_dir, aws=aws)
+    state = store.load()
+    executor = executor or AwsExecutor(aws, state_dir=state_dir, stage=config.stage)
+    if not executor.dry_run:
+        state.region, state.account, state.config = aws.region, aws.account_id(), config_to_dict(config)
+        store.save(state)
+    execute(the_plan, executor, store, state, after_step=after_step)
+    return the_plan
+
+
+def recorded_config(state_dir: Path, stage: str, **overrides: Any) -> DeployConfig:
+    """The config last applied to `stage` (defaults when it never was), with `overrides` on top."""
+    state = StateStore(state_dir, stage).load()
+    return config_from_dict(state.config, **{"stage": stage, **overrides})
+
+
+def _discover(config: DeployConfig, aws: Clients) -> list[tuple[str, str]]:
+    """Resources of the stage found by name, so destroy also removes what the state file lost."""
+    found = [(r.kind, r.name) for r in desired_resources(config, account=aws.account_id(), region=aws.region,
+                                                           artifacts=None) if r.kind != "iot_certificate"]
+    names = Names(stage=config.stage, account=aws.account_id(), region=aws.region)
+    prefix = names.prefix + "-"
+    iot = aws.get("iot")
+    for page in iot.get_paginator("list_things").paginate(attributeName="strata_stage", attributeValue=config.stage):
+        found += [("iot_thing", t["thingName"]) for t in page.get("things", []) if t["thingName"].startswith(prefix)]
+    for page in iot.get_paginator("list_policies").paginate():
+        found += [("iot_policy", p["policyName"]) for p in page.get("policies", [])
+                  if p["policyName"].startswith(prefix)]
+    for page in aws.get("lambda").get_paginator("list_functions").paginate():
+        found += [("lambda_function", f["FunctionName"]) for f in page.get("Functions", [])
+                  if f["FunctionName"].startswith(prefix)]
+    return found
+
+
+def destroy_plan(stage: str, *, state_dir: Path, aws: Clients | None = None,
+                 config: DeployConfig | None = None) -> Plan:
+    """The plan that deletes everything of `stage` (recorded or found by name)."""
+    config = config or recorded_config(state_dir, stage)
+    aws = _clients(config, aws)
+    state = StateStore(state_dir, stage).load()
+    return plan_destroy(state, aws, _discover(config, aws))
+
+
+def destroy(stage: str, *, state_dir: Path, aws: Clients | None = None, config: DeployConfig | None = None,
+            executor: Executor | None = None, after_step: AfterStep | None = None) -> Plan:
+    """Delete every resource of `stage`; on success remove its state file and build folder too."""
+    config = config or recorded_config(state_dir, stage)
+    aws = _clients(config, aws)
+    store = StateStore(state_dir, stage)
+    the_plan = destroy_plan(stage, state_dir=state_dir, aws=aws, config=config)
+    executor = executor or AwsExecutor(aws, state_dir=state_dir, stage=stage)
+    state = store.load()
+    execute(the_plan, executor, store, state, after_step=after_step)
+    if not executor.dry_run:
+        store.delete()
+        shutil.rmtree(state_dir / stage, ignore_errors=True)
+    return the_plan
+
+
+def rollback_plan(stage: str, *, state_dir: Path, aws: Clients | None = None) -> Plan:
+    """The plan that moves each stage alias back to the version before the last apply.
+
+    Raises:
+        StateError: The stage was never applied, or no alias has an earlier version to go back to.
+    """
+    store = StateStore(state_dir, stage)
+    state = store.load()
+    config = config_from_dict(state.config, stage=stage)
+    aws = _clients(config, aws)
+    aliases = [r for r in state.resources.values() if r.kind == "lambda_alias"]
+    if not aliases:
+        raise StateError(f"rollback: stage {stage!r} has no recorded aliases in {store.path}; run "
+                         "`strata infra apply` first (and check --stage / --state-dir)")
+    steps: list[Step] = []
+    lam = aws.get("lambda")
+    for record in sorted(aliases, key=lambda r: r.name):
+        live = reader_for("lambda_alias")(aws, record.name, record)
+        history = [str(v) for v in (live.ids["history"] if live else record.ids.get("history", []))]
+        if live is None or len(history) < 2:
+            continue
+        previous = history[-2]
+        function, alias = record.name.split(":", 1)
+        config_prev = or_none(lam.get_function_configuration, FunctionName=function, Qualifier=previous)
+        if config_prev is None:
+            raise StateError(f"rollback: version {previous} of {function} no longer exists; nothing to roll back to")
+        target = function_version_attributes(config_prev)
+        model = Alias(name=record.name, function=function, alias=alias, target=target, pin_version=previous)
+        steps.append(Step(action="update", kind="lambda_alias", name=record.name, resource=model, record=record,
+                          live=live, note=f"rollback: version {history[-1]} -> {previous}",
+                          changes=(FieldChange(field="version", live=history[-1], desired=previous, drift=False,
+                                               recorded=record.ids.get("version")),)))
+    if not steps:
+        raise StateError(f"rollback: no alias of stage {stage!r} has an earlier version to go back to; an alias "
+                         "gets one when an apply publishes a changed function")
+    return Plan(stage=stage, region=aws.region, account=aws.account_id(), steps=tuple(steps), purpose="rollback")
+
+
+def rollback(stage: str, *, state_dir: Path, aws: Clients | None = None, executor: Executor | None = None,
+             after_step: AfterStep | None = None) -> Plan:
+    """Move each stage alias back one version (the next `apply` moves it forward again)."""
+    store = StateStore(state_dir, stage)
+    state = store.load()
+    config = config_from_dict(state.config, stage=stage)
+    aws = _clients(config, aws)
+    the_plan = rollback_plan(stage, state_dir=state_dir, aws=aws)
+    executor = executor or AwsExecutor(aws, state_dir=state_dir, stage=stage)
+    execute(the_plan, executor, store, state, after_step=after_step)
+    return the_plan

@@ -1,0 +1,389 @@
+"""Pure resource models of a strata deployment: `DeployConfig` in, frozen resource records out (no AWS calls).
+
+`desired_resources` is the only place that turns a config into resources, for `plan`/`apply` and for
+`strata infra template` alike; each model's `attributes()` is the part the plan diffs against AWS.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal, TypeAlias
+
+from infra._errors import DeployConfigError
+from infra._iot import policy_document
+
+# Lambda's limits (MEASURED.md): what `check_config` enforces before anything is built or called.
+MIN_MEMORY_MB = 128
+MAX_MEMORY_MB = 10240
+MAX_TIMEOUT_S = 900
+RUNTIME = "python3.12"
+"""The Lambda runtime; `PYTHON_VERSION` is the interpreter the dependency tree is built for."""
+PYTHON_VERSION = "3.12"
+
+Architecture: TypeAlias = Literal["x86_64", "arm64"]
+PLATFORMS: dict[str, str] = {"x86_64": "manylinux2014_x86_64", "arm64": "manylinux2014_aarch64"}
+"""pip ``--platform`` tag of each Lambda architecture."""
+
+ENV_STAGE = "STRATA_STAGE"
+ENV_BUCKET = "STRATA_BUCKET"
+ENV_TRUSTED_PUBLIC_KEY = "STRATA_TRUSTED_PUBLIC_KEY"
+
+_STAGE = re.compile(r"^[a-z0-9][a-z0-9-]{0,19}$")
+_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_FLEET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FunctionSpec:
+    """One Lambda function strata deploys from the functions tier."""
+
+    name: str
+    """Short name; the deployed function is ``strata-{stage}-{name}``."""
+    handler: str
+    """Dotted ``module.function`` inside the package."""
+
+
+FUNCTIONS: tuple[FunctionSpec, ...] = (
+    FunctionSpec(name="rollout", handler="functions._handlers.rollout_handler"),
+)
+"""The functions tier's Lambda handlers (``functions/_handlers.py``)."""
+SOURCE_PACKAGES: tuple[str, ...] = ("functions", "device")
+"""strata packages copied into every function zip (the handler's tier and what it imports)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeployConfig:
+    """Everything a stage's deployment is made of; `strata infra plan|apply` flags are these fields."""
+
+    # Where
+    stage: str = "dev"
+    """Stage name (lowercase letters, digits, '-'); it names every resource and the Lambda alias."""
+    region: str | None = None
+    """AWS region; default: the standard chain (AWS_REGION / AWS_DEFAULT_REGION / config file)."""
+    bucket: str = ""
+    """Bucket name override; default strata-{stage}-{account}-{region}."""
+
+    # Functions
+    memory_mb: int = 1024
+    """Lambda memory in MB (128-10240; 1769 MB is one vCPU)."""
+    timeout_s: int = 60
+    """Lambda timeout in seconds (at most 900)."""
+    reserved_concurrency: int | None = None
+    """Reserved concurrent executions per function; default: unreserved (the account pool)."""
+    architecture: Literal["x86_64", "arm64"] = "x86_64"
+    """Lambda architecture; the dependency wheels are built for it."""
+    requirements: tuple[str, ...] = ("numpy", "gymnasium", "cryptography")
+    """pip requirements installed into each function zip (built for Lambda's platform, no Docker)."""
+    cache_dir: str = ""
+    """Where built dependency trees are cached by a hash of the requirement set; default ~/.cache/strata/lambda."""
+    trusted_public_key: str = ""
+    """Ed25519 public key that bundles must be signed with, passed to the functions as STRATA_TRUSTED_PUBLIC_KEY."""
+
+    # Edge nodes (AWS IoT Core)
+    fleet: str = "default"
+    """Fleet name: the MQTT topic root strata/{fleet}/."""
+    edge_nodes: tuple[str, ...] = ()
+    """Edge node ids; each gets an IoT thing, a certificate and a policy mirroring the Mosquitto ACL."""
+
+    def cache_path(self) -> Path:
+        """The dependency cache folder (`cache_dir` or the default)."""
+        return Path(self.cache_dir).expanduser() if self.cache_dir else Path.home() / ".cache" / "strata" / "lambda"
+
+
+def check_config(config: DeployConfig) -> DeployConfig:
+    """Return `config` if AWS would accept it; raise `DeployConfigError` naming the value and the fix."""
+    if not _STAGE.match(config.stage):
+        raise DeployConfigError(f"DeployConfig.stage={config.stage!r} is not a valid stage name: use 1-20 "
+                                "lowercase letters, digits or '-', starting with a letter or digit")
+    if not MIN_MEMORY_MB <= config.memory_mb <= MAX_MEMORY_MB:
+        raise DeployConfigError(f"DeployConfig.memory_mb={config.memory_mb} is outside Lambda's range: set "
+                                f"--memory-mb between {MIN_MEMORY_MB} and {MAX_MEMORY_MB}")
+    if not 1 <= config.timeout_s <= MAX_TIMEOUT_S:
+        raise DeployConfigError(f"DeployConfig.timeout_s={config.timeout_s} is outside Lambda's range: set "
+                                f"--timeout-s between 1 and {MAX_TIMEOUT_S} (Lambda's maximum, 15 minutes)")
+    if config.reserved_concurrency is not None and config.reserved_concurrency < 0:
+        raise DeployConfigError(f"DeployConfig.reserved_concurrency={config.reserved_concurrency} is negative: "
+                                "set --reserved-concurrency to 0 or more, or leave it unset for the account pool")
+    if config.architecture not in PLATFORMS:
+        raise DeployConfigError(f"DeployConfig.architecture={config.architecture!r} is not one of "
+                                f"{sorted(PLATFORMS)}")
+    if not _FLEET.match(config.fleet):
+        raise DeployConfigError(f"DeployConfig.fleet={config.fleet!r} cannot be an MQTT topic segment: use 1-64 "
+                                "letters, digits, '_', '.' or '-'")
+    for node in config.edge_nodes:
+        if not _NODE.match(node):
+            raise DeployConfigError(f"DeployConfig.edge_nodes: node id {node!r} cannot name an IoT thing: use "
+                                    "1-64 letters, digits, '_' or '-', starting with a letter or digit")
+    if len(set(config.edge_nodes)) != len(config.edge_nodes):
+        raise DeployConfigError(f"DeployConfig.edge_nodes={list(config.edge_nodes)} lists a node twice")
+    if config.bucket and not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", config.bucket):
+        raise DeployConfigError(f"DeployConfig.bucket={config.bucket!r} is not a valid S3 bucket name: use 3-63 "
+                                "lowercase letters, digits, '.' or '-'")
+    return config
+
+
+def partition_of(region: str) -> str:
+    """The ARN partition of `region` (``aws``, ``aws-cn``, ``aws-us-gov``)."""
+    if region.startswith("cn-"):
+        return "aws-cn"
+    if region.startswith("us-gov-"):
+        return "aws-us-gov"
+    return "aws"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Names:
+    """Every AWS name of one stage, derived in this one place."""
+
+    stage: str
+    account: str
+    region: str
+    bucket_override: str = ""
+
+    @property
+    def prefix(self) -> str:
+        """``strata-{stage}``: the start of every resource name."""
+        return f"strata-{self.stage}"
+
+    @property
+    def bucket(self) -> str:
+        """The stage's bucket."""
+        return self.bucket_override or f"{self.prefix}-{self.account}-{self.region}"
+
+    @property
+    def role(self) -> str:
+        """The functions' execution role."""
+        return f"{self.prefix}-lambda"
+
+    def function(self, short: str) -> str:
+        """The deployed name of function `short`."""
+        return f"{self.prefix}-{short}"
+
+    @property
+    def alias(self) -> str:
+        """The alias every function's callers use: the stage name."""
+        return self.stage
+
+    def iot(self, node: str) -> str:
+        """The IoT thing and policy name of `node`."""
+        return f"{self.prefix}-{node}"
+
+    def tags(self) -> dict[str, str]:
+        """Tags every taggable resource carries."""
+        return {"strata:stage": self.stage, "strata:managed-by": "strata"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Artifact:
+    """A built function zip (see `infra._package`)."""
+
+    path: Path
+    sha256_b64: str
+    """base64 SHA-256 of the zip: what Lambda reports as CodeSha256."""
+    sha256_hex: str
+    zipped_bytes: int
+    unzipped_bytes: int
+
+    @property
+    def key(self) -> str:
+        """S3 key the zip is uploaded to (content-addressed, so old versions keep their code)."""
+        return f"functions/{self.sha256_hex}.zip"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bucket:
+    """The S3 bucket for function code, bundles and large rollout results (versioned, private)."""
+
+    kind: ClassVar[str] = "s3_bucket"
+    name: str
+    tags: dict[str, str] = field(hash=False)
+
+    def attributes(self) -> dict[str, Any]:
+        """Diffable desired state."""
+        return {"versioning": "Enabled", "block_public_access": True, "tags": dict(self.tags)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Role:
+    """The functions' least-privilege execution role: the stage bucket and the functions' own logs."""
+
+    kind: ClassVar[str] = "iam_role"
+    name: str
+    policy_name: str
+    assume_role_policy: dict[str, Any] = field(hash=False)
+    policy: dict[str, Any] = field(hash=False)
+    tags: dict[str, str] = field(hash=False)
+
+    def attributes(self) -> dict[str, Any]:
+        """Diffable desired state."""
+        return {"assume_role_policy": self.assume_role_policy, "policy": self.policy, "tags": dict(self.tags)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Function:
+    """One Lambda function: configuration plus the code artifact (uploaded to the stage bucket)."""
+
+    kind: ClassVar[str] = "lambda_function"
+    name: str
+    handler: str
+    memory_mb: int
+    timeout_s: int
+    architecture: str
+    role: str
+    """Role name (its ARN is resolved at apply time)."""
+    role_arn: str
+    bucket: str
+    environment: dict[str, str] = field(hash=False)
+    reserved_concurrency: int | None
+    tags: dict[str, str] = field(hash=False)
+    artifact: Artifact | None
+    """None only for `strata infra template`, which references the zip through parameters."""
+
+    def version_attributes(self) -> dict[str, Any]:
+        """What a published version freezes: the alias step compares these."""
+        return {
+            "runtime": RUNTIME,
+            "handler": self.handler,
+            "memory_mb": self.memory_mb,
+            "timeout_s": self.timeout_s,
+            "architecture": self.architecture,
+            "role": self.role_arn,
+            "environment": dict(self.environment),
+            "code_sha256": self.artifact.sha256_b64 if self.artifact else None,
+        }
+
+    def attributes(self) -> dict[str, Any]:
+        """Diffable desired state."""
+        return {**self.version_attributes(), "reserved_concurrency": self.reserved_concurrency,
+                "tags": dict(self.tags)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Alias:
+    """The stage alias of a function, pointing at a published version with the function's desired config."""
+
+    kind: ClassVar[str] = "lambda_alias"
+    name: str
+    """``{function}:{alias}``."""
+    function: str
+    alias: str
+    target: dict[str, Any] = field(hash=False)
+    """The `Function.version_attributes` the version behind the alias must have."""
+    pin_version: str | None = None
+    """Point at exactly this version (rollback); None: the newest version matching `target`."""
+
+    def attributes(self) -> dict[str, Any]:
+        """Diffable desired state."""
+        return {"target": dict(self.target)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class IotPolicy:
+    """An edge node's IoT policy (mirrors the Mosquitto ACL: read the fleet's topics, write only its own)."""
+
+    kind: ClassVar[str] = "iot_policy"
+    name: str
+    document: dict[str, Any] = field(hash=False)
+
+    def attributes(self) -> dict[str, Any]:
+        """Diffable desired state."""
+        return {"document": self.document}
+
+
+@dataclass(frozen=True, kw_only=True)
+class IotThing:
+    """An edge node's IoT thing."""
+
+    kind: ClassVar[str] = "iot_thing"
+    name: str
+    node: str
+    thing_attributes: dict[str, str] = field(hash=False)
+
+    def attributes(self) -> dict[str, Any]:
+        """Diffable desired state."""
+        return {"attributes": dict(self.thing_attributes)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class IotCertificate:
+    """An edge node's X.509 certificate, active, attached to its thing and policy; its key goes to a file."""
+
+    kind: ClassVar[str] = "iot_certificate"
+    name: str
+    """The node's thing name (a certificate has no name of its own; its id is recorded in the state)."""
+    node: str
+    fleet: str
+    thing: str
+    policy: str
+    client_id: str
+
+    def attributes(self) -> dict[str, Any]:
+        """Diffable desired state."""
+        return {"status": "ACTIVE", "things": [self.thing], "policies": [self.policy]}
+
+
+Resource: TypeAlias = Bucket | Role | Function | Alias | IotPolicy | IotThing | IotCertificate
+KIND_ORDER: tuple[str, ...] = ("s3_bucket", "iam_role", "lambda_function", "lambda_alias", "iot_policy",
+                               "iot_thing", "iot_certificate")
+"""Creation order (dependencies first); deletion runs it backwards."""
+
+
+def role_policies(names: Names, partition: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(trust policy, permissions policy)`` of the execution role: only the bucket and the functions' logs."""
+    trust = {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
+    log_groups = f"arn:{partition}:logs:{names.region}:{names.account}:log-group:/aws/lambda/{names.prefix}-*"
+    bucket_arn = f"arn:{partition}:s3:::{names.bucket}"
+    permissions = {"Version": "2012-10-17", "Statement": [
+        {"Sid": "OwnLogGroups", "Effect": "Allow", "Action": "logs:CreateLogGroup", "Resource": log_groups},
+        {"Sid": "OwnLogStreams", "Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+         "Resource": f"{log_groups}:log-stream:*"},
+        {"Sid": "StageBucketObjects", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"],
+         "Resource": f"{bucket_arn}/*"},
+        {"Sid": "StageBucketList", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arn},
+    ]}
+    return trust, permissions
+
+
+def desired_resources(config: DeployConfig, *, account: str, region: str,
+                      artifacts: dict[str, Artifact] | None) -> tuple[Resource, ...]:
+    """Every resource of the stage, in `KIND_ORDER`; `artifacts` maps function short names to built zips."""
+    check_config(config)
+    names = Names(stage=config.stage, account=account, region=region, bucket_override=config.bucket)
+    partition = partition_of(region)
+    tags = names.tags()
+    trust, permissions = role_policies(names, partition)
+    role_arn = f"arn:{partition}:iam::{account}:role/{names.role}"
+    resources: list[Resource] = [
+        Bucket(name=names.bucket, tags=tags),
+        Role(name=names.role, policy_name=f"{names.prefix}-lambda-access", assume_role_policy=trust,
+             policy=permissions, tags=tags),
+    ]
+    environment = {ENV_STAGE: config.stage, ENV_BUCKET: names.bucket}
+    if config.trusted_public_key:
+        environment[ENV_TRUSTED_PUBLIC_KEY] = config.trusted_public_key
+    functions: list[Function] = []
+    for spec in FUNCTIONS:
+        artifact = None if artifacts is None else artifacts[spec.name]
+        functions.append(Function(
+            name=names.function(spec.name), handler=spec.handler, memory_mb=config.memory_mb,
+            timeout_s=config.timeout_s, architecture=config.architecture, role=names.role, role_arn=role_arn,
+            bucket=names.bucket, environment=environment, reserved_concurrency=config.reserved_concurrency,
+            tags=tags, artifact=artifact))
+    resources += functions
+    resources += [Alias(name=f"{f.name}:{names.alias}", function=f.name, alias=names.alias,
+                        target=f.version_attributes()) for f in functions]
+    for node in config.edge_nodes:
+        thing = names.iot(node)
+        resources.append(IotPolicy(name=thing, document=policy_document(
+            partition=partition, region=region, account=account, fleet=config.fleet, node=node, client_id=node)))
+    for node in config.edge_nodes:
+        resources.append(IotThing(name=names.iot(node), node=node,
+                                  thing_attributes={"strata_stage": config.stage, "strata_fleet": config.fleet}))
+    for node in config.edge_nodes:
+        thing = names.iot(node)
+        resources.append(IotCertificate(name=thing, node=node, fleet=config.fleet, thing=thing, policy=thing,
+                                        client_id=node))
+    return tuple(resources)
