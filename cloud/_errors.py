@@ -1,0 +1,61 @@
+"""The cloud tier's exceptions; every one derives from `CloudError`, itself a `StrataError`.
+
+    StrataError (device)
+     └── CloudError                      anything the cloud tier raises on purpose
+          └── ColocatedError              the shared-memory env worker pool (cloud/_colocated.py)
+               ├── PoolStateError          a call out of order (step_wait without step_async, use after close)
+               ├── UnsupportedSpaceError   a space that has no fixed-shape numpy layout in shared memory
+               ├── EnvWorkerError          an env raised inside a worker (carries env_index and the traceback)
+               └── WorkerFailedError       a worker process crashed or hung past its timeout
+
+Other cloud modules add their own subclasses of `CloudError` here. Messages name the call, the bad value
+and the fix.
+"""
+
+from __future__ import annotations
+
+from device import StrataError
+
+
+class CloudError(StrataError):
+    """Base class of every error the cloud tier raises on purpose."""
+
+
+class ColocatedError(CloudError):
+    """Base class of the shared-memory env worker pool's errors."""
+
+
+class PoolStateError(ColocatedError):
+    """A pool method was called in the wrong state (e.g. `step_wait` with no step in flight)."""
+
+
+class UnsupportedSpaceError(ColocatedError, TypeError):
+    """An observation or action space cannot be laid out as one fixed-shape numpy array."""
+
+
+class EnvWorkerError(ColocatedError):
+    """An environment raised inside a worker process.
+
+    Attributes:
+        env_index: Index of the failing env in the vector (0 .. num_envs-1).
+        worker_index: Index of the worker process that held it.
+        remote_traceback: The formatted traceback from the worker.
+    """
+
+    def __init__(self, message: str, *, env_index: int, worker_index: int, remote_traceback: str) -> None:
+        super().__init__(message)
+        self.env_index = env_index
+        self.worker_index = worker_index
+        self.remote_traceback = remote_traceback
+
+
+class WorkerFailedError(ColocatedError):
+    """A worker process died or did not answer within its timeout.
+
+    Attributes:
+        worker_index: Index of the worker process.
+    """
+
+    def __init__(self, message: str, *, worker_index: int) -> None:
+        super().__init__(message)
+        self.worker_index = worker_index
