@@ -1,3 +1,15 @@
 """strata's cloud tier: learners, parameter server, exporter, rollout sources, switcher and the CLI."""
 
-__all__: list[str] = []
+from cloud._decoupled import DecoupledError, FragmentSource, StalenessGate, make_decoupled_vector_env, start_services
+from cloud._paramserver import ParameterServer, ParamServerConfig, ParamServerError
+
+__all__ = [
+    "DecoupledError",
+    "FragmentSource",
+    "ParamServerConfig",
+    "ParamServerError",
+    "ParameterServer",
+    "StalenessGate",
+    "make_decoupled_vector_env",
+    "start_services",
+]

@@ -27,7 +27,7 @@ BELOW: dict[str, set[str]] = {
 }
 THIRD_PARTY: dict[str, set[str]] = {
     "device": {"numpy", "cryptography"},
-    "functions": {"numpy", "cryptography", "gymnasium", "grpc", "grpc_health", "google", "awslambdaric"},
+    "functions": {"numpy", "cryptography", "gymnasium", "grpc", "grpc_health", "google", "awslambdaric", "lz4"},
     "infra": {"numpy", "cryptography", "gymnasium", "grpc", "google", "boto3", "botocore"},
     "edge": {"numpy", "cryptography", "paho", "onnxruntime", "gymnasium", "amqtt"},
     "cloud": {"numpy", "cryptography", "paho", "onnxruntime", "gymnasium", "grpc", "google", "boto3",
