@@ -22,6 +22,7 @@ from device._bundle_errors import (
 from device._config import add_config_arguments, config_from_args, field_docs
 from device._deps import require
 from device._errors import ConfigError, MissingDependencyError, StrataError
+from device._executor import NumpyExecutor, supported_operators
 from device._keys import PublicKey, SigningKey, TrustStore, generate_keypair, load_public_key, load_signing_key
 from device._rollout import RolloutBatch
 from device._wire import WireError, pack_arrays, unpack_arrays
@@ -36,6 +37,7 @@ __all__ = [
     "Manifest",
     "MissingDependencyError",
     "ModelError",
+    "NumpyExecutor",
     "PublicKey",
     "RollbackError",
     "RolloutBatch",
@@ -61,5 +63,6 @@ __all__ = [
     "require",
     "space_bounds",
     "space_to_json",
+    "supported_operators",
     "unpack_arrays",
 ]
