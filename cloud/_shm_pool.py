@@ -849,6 +849,16 @@ class SharedMemoryVectorEnv(VectorEnv):
         self._issue(ALL, actions, 0, "step")
         return self._collect(ALL, None, "step")
 
+    @property
+    def worker_pids(self) -> tuple[int, ...]:
+        """Process ids of the current workers (they change when a worker is restarted)."""
+        return tuple(int(wk.process.pid) for wk in self._workers)
+
+    @property
+    def shm_name(self) -> str:
+        """Name of the pool's shared-memory segment (``/dev/shm/<name>`` while the pool is open)."""
+        return self._arena.name
+
     def half_indices(self, half: int) -> np.ndarray:
         """The env indices (into the full batch) that make up `half` (0 or 1), in the order halves use."""
         return self._half_indices[self._check_half(half)]
