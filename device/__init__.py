@@ -24,6 +24,7 @@ from device._deps import require
 from device._errors import ConfigError, MissingDependencyError, StrataError
 from device._executor import NumpyExecutor, supported_operators
 from device._keys import PublicKey, SigningKey, TrustStore, generate_keypair, load_public_key, load_signing_key
+from device._quantize import quantization_error, quantize_model
 from device._rollout import RolloutBatch
 from device._wire import WireError, pack_arrays, unpack_arrays
 
@@ -60,6 +61,8 @@ __all__ = [
     "load_public_key",
     "load_signing_key",
     "pack_arrays",
+    "quantization_error",
+    "quantize_model",
     "require",
     "space_bounds",
     "space_to_json",

@@ -767,7 +767,13 @@ class NumpyExecutor:
                 outs.append(f"v{counter}")
                 counter += 1
             ctx = _Ctx(node=node, ins=ins, outs=outs, opset=opset, bind=bind)
-            code = _OPS[node.op_type](ctx)
+            try:
+                code = _OPS[node.op_type](ctx)
+            except (TypeError, ValueError, IndexError, KeyError, AttributeError, ArithmeticError) as exc:
+                if isinstance(exc, ModelError):
+                    raise
+                raise ModelError(f"NumpyExecutor: {node.op_type} node {node.name!r} has attributes or inputs "
+                                 f"the device executor cannot use: {type(exc).__name__}: {exc}") from exc
             if ctx.alias is not None:
                 values[node.outputs[0]] = ctx.alias
                 continue
@@ -864,9 +870,13 @@ class NumpyExecutor:
     def act(self, obs: Any) -> Array:
         """The ``"action"`` output for a batch ``[batch, *obs_shape]``, or for one observation ``[*obs_shape]``."""
         x = self._coerce_obs(obs)
-        if x.ndim == self._single_rank:
-            return self._act(x[None])[0]  # type: ignore[no-any-return]
-        return self._act(x)  # type: ignore[no-any-return]
+        try:
+            if x.ndim == self._single_rank:
+                return self._act(x[None])[0]  # type: ignore[no-any-return]
+            return self._act(x)  # type: ignore[no-any-return]
+        except (ValueError, IndexError, TypeError) as exc:
+            raise ModelError(f"NumpyExecutor.act: the graph failed on an observation of shape {x.shape}: "
+                             f"{exc}") from exc
 
     def _coerce_obs(self, obs: Any) -> Array:
         if len(self.input_names) != 1:
