@@ -117,7 +117,8 @@ def test_on_worker_failure_raise() -> None:
     try:
         pool.reset(seed=0)
         os.kill(pool.worker_pids[0], signal.SIGKILL)
-        with pytest.raises(WorkerFailedError, match=r"worker 0 \(envs 0..0\) exited with code -9; it was restarted") as err:
+        message = r"worker 0 \(envs 0..0\) exited with code -9; it was restarted"
+        with pytest.raises(WorkerFailedError, match=message) as err:
             pool.step(np.zeros(2, dtype=np.int64))
         assert err.value.worker_index == 0
         _, _, _, truncated, _ = pool.step(np.zeros(2, dtype=np.int64))
@@ -140,8 +141,10 @@ def test_close_stops_every_worker_and_unlinks_the_segment() -> None:
 
 TRAINER = """
 import numpy as np
-from cloud import SharedMemoryVectorEnv
-pool = SharedMemoryVectorEnv.make("CartPole-v1", num_workers=2, envs_per_worker=2, context={context!r})
+from cloud import ColocatedConfig, SharedMemoryVectorEnv
+pool = SharedMemoryVectorEnv.make(
+    "CartPole-v1", num_workers=2, envs_per_worker=2, config=ColocatedConfig(context={context!r})
+)
 pool.reset(seed=0)
 print(pool.shm_name, *pool.worker_pids, flush=True)
 actions = np.zeros(4, dtype=np.int64)
@@ -152,7 +155,7 @@ while True:
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_sigint_of_the_parent_leaves_no_shared_memory_and_no_workers(context: str) -> None:
-    script = TRAINER.replace("context={context!r}", "config=__import__('cloud').ColocatedConfig(context=%r)" % context)
+    script = TRAINER.format(context=context)
     proc = subprocess.Popen(
         [sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
