@@ -1,0 +1,186 @@
+"""Control endpoint of a running training job: loopback HTTP + JSON, protected by a token in the run dir.
+
+A job started with a run directory writes two files there:
+
+    control.json    {"url": "http://127.0.0.1:PORT", "pid": ..., "started_at": ...}
+    control.token   a random secret, mode 0600; every request carries it as a bearer token
+
+Routes (all JSON):
+
+    GET  /v1/status           the job's `status()` dict
+    POST /v1/switch {"to": M} blocks until the switch is complete; answers its result dict
+                              (409 when a switch is already running or M is already active)
+
+The job supplies the behaviour through `ControlHandlers`; this module only moves requests.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import secrets
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Protocol
+
+from cloud._errors import CloudError
+
+CONTROL_FILE = "control.json"
+TOKEN_FILE = "control.token"
+
+
+class ControlError(CloudError):
+    """A control request failed: no job, bad token, refused switch or a lost connection."""
+
+
+class SwitchRefused(ControlError):
+    """The job refused a switch (already in that mode, or another switch is running)."""
+
+
+class ControlHandlers(Protocol):
+    """What a training job exposes to the control endpoint."""
+
+    def status(self) -> dict[str, Any]:
+        """Return the job's current status."""
+        ...
+
+    def switch(self, to: str, *, reason: str) -> dict[str, Any]:
+        """Switch to mode `to`, blocking until done; raise `SwitchRefused` to refuse."""
+        ...
+
+
+def _write_private(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+class ControlServer:
+    """Serve `handlers` on 127.0.0.1 (an ephemeral port by default) for the job in `run_dir`."""
+
+    def __init__(self, run_dir: Path, handlers: ControlHandlers, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._token = secrets.token_hex(16)
+        _write_private(self.run_dir / TOKEN_FILE, self._token)
+        token = self._token
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # quiet: the job logs what matters
+                return
+
+            def _reply(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _authorised(self) -> bool:
+                given = self.headers.get("Authorization", "").removeprefix("Bearer ")
+                if hmac.compare_digest(given.encode(), token.encode()):
+                    return True
+                self._reply(401, {"error": "bad or missing token; read it from the run dir's control.token"})
+                return False
+
+            def do_GET(self) -> None:
+                if not self._authorised():
+                    return
+                if self.path == "/v1/status":
+                    self._reply(200, handlers.status())
+                else:
+                    self._reply(404, {"error": f"no route {self.path!r}; try /v1/status"})
+
+            def do_POST(self) -> None:
+                if not self._authorised():
+                    return
+                if self.path != "/v1/switch":
+                    self._reply(404, {"error": f"no route {self.path!r}; try /v1/switch"})
+                    return
+                try:
+                    length = int(self.headers.get("Content-Length", "0"))
+                    body = json.loads(self.rfile.read(min(length, 1 << 16)) or b"{}")
+                    to = body["to"]
+                    if not isinstance(to, str):
+                        raise TypeError
+                except (ValueError, KeyError, TypeError):
+                    self._reply(400, {"error": 'body must be JSON like {"to": "decoupled"}'})
+                    return
+                try:
+                    self._reply(200, handlers.switch(to, reason=str(body.get("reason", "manual (strata switch)"))))
+                except SwitchRefused as exc:
+                    self._reply(409, {"error": str(exc)})
+                except CloudError as exc:
+                    self._reply(400, {"error": str(exc)})
+
+        self._httpd = ThreadingHTTPServer((host, port), Handler)
+        self._httpd.daemon_threads = True
+        self.url = f"http://{host}:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="strata-control", daemon=True)
+
+    def start(self) -> ControlServer:
+        """Start serving in a background thread and advertise the endpoint in the run dir."""
+        self._thread.start()
+        _write_private(self.run_dir / CONTROL_FILE,
+                       json.dumps({"url": self.url, "pid": os.getpid(), "started_at": time.time()}))
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and withdraw the advertisement."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        (self.run_dir / CONTROL_FILE).unlink(missing_ok=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControlClient:
+    """Talks to the control endpoint of the job in a run directory."""
+
+    url: str
+    token: str
+
+    @classmethod
+    def for_run(cls, run_dir: Path) -> ControlClient:
+        """Find the endpoint of the job running in `run_dir`."""
+        run_dir = Path(run_dir)
+        try:
+            info = json.loads((run_dir / CONTROL_FILE).read_text())
+            token = (run_dir / TOKEN_FILE).read_text().strip()
+        except FileNotFoundError:
+            raise ControlError(f"no running job in {str(run_dir)!r}: {CONTROL_FILE} is missing "
+                               "(is `strata train --run-dir` running there?)") from None
+        return cls(url=str(info["url"]), token=token)
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None, timeout: float) -> dict[str, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Authorization": f"Bearer {self.token}",
+                                                  "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                result: dict[str, Any] = json.loads(response.read())
+                return result
+        except urllib.error.HTTPError as exc:
+            message = json.loads(exc.read() or b"{}").get("error", exc.reason)
+            if exc.code == 409:
+                raise SwitchRefused(message) from None
+            raise ControlError(f"{method} {path} answered {exc.code}: {message}") from None
+        except OSError as exc:
+            raise ControlError(f"cannot reach the job at {self.url}: {exc} (has it stopped?)") from None
+
+    def status(self, *, timeout: float = 10.0) -> dict[str, Any]:
+        """Return the job's status dict."""
+        return self._call("GET", "/v1/status", None, timeout)
+
+    def switch(self, to: str, *, timeout: float = 300.0) -> dict[str, Any]:
+        """Ask the job to switch to mode `to`; return once the switch is complete."""
+        return self._call("POST", "/v1/switch", {"to": to}, timeout)
