@@ -10,8 +10,9 @@ target weights, one entry per tensor, each in the smallest of these forms:
     same     unchanged: nothing travels
     dense    the whole new tensor
     sparse   int32 flat indices + the new values where the bits changed
-    xor      zlib of (new bits XOR base bits): small SGD steps leave sign, exponent and high mantissa
-             bits alone, so the XOR is mostly zero bytes and compresses well; lossless
+    xor      zlib of (new bits XOR base bits), byte-shuffled (all first bytes, then all second bytes, ...):
+             small SGD steps leave sign, exponent and high mantissa bits alone, so the high bytes of the
+             XOR are mostly zero and compress well; lossless
     q8       lossy: int8 of (new - base) / scale plus the float32 scale (quantised delta)
 
 `encode_delta` / `apply_delta` are pure and deterministic: the parameter server computes the
@@ -117,6 +118,16 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return a.view(np.dtype(f"<u{a.dtype.itemsize}")) if a.dtype.kind == "f" else a
 
 
+def _shuffle(a: np.ndarray) -> bytes:
+    """Group byte j of every element together (as blosc's shuffle filter does) so equal high bytes form runs."""
+    return np.ascontiguousarray(a).view(np.uint8).reshape(-1, a.dtype.itemsize).T.tobytes()
+
+
+def _unshuffle(raw: bytes, dtype: np.dtype[Any]) -> np.ndarray:
+    size = np.dtype(dtype).itemsize
+    return np.frombuffer(raw, dtype=np.uint8).reshape(size, -1).T.copy().view(dtype).ravel()
+
+
 def quantize_delta(new: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.float32]:
     """int8 quantisation of ``new - base`` with one float32 scale per tensor."""
     diff = new.astype(np.float32) - base.astype(np.float32)
@@ -156,7 +167,7 @@ def encode_delta(target: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray
             arrays[f"{name}:scale"] = np.array([scale], dtype=np.float32)
             continue
         candidates: dict[str, int] = {"dense": new.nbytes, "sparse": changed.size * (4 + new.dtype.itemsize)}
-        xor = zlib.compress((_bits(new) ^ _bits(old)).tobytes(), _ZLIB_LEVEL) if new.dtype.kind in "fiu" else b""
+        xor = zlib.compress(_shuffle(_bits(new) ^ _bits(old)), _ZLIB_LEVEL) if new.dtype.kind in "fiu" else b""
         if xor:
             candidates["xor"] = len(xor)
         kind = min(candidates, key=lambda k: candidates[k])
@@ -197,7 +208,7 @@ def apply_delta(base: Mapping[str, np.ndarray], delta: bytes) -> Weights:
                 out[name] = new.reshape(old.shape)
             elif kind == "xor":
                 raw = zlib.decompress(arrays[f"{name}:xor"].tobytes())
-                bits = np.frombuffer(raw, dtype=_bits(old).dtype).reshape(old.shape) ^ _bits(old)
+                bits = _unshuffle(raw, _bits(old).dtype).reshape(old.shape) ^ _bits(old)
                 out[name] = bits.view(old.dtype).copy()
             elif kind == "q8":
                 out[name] = _dequantize(old, arrays[f"{name}:q"].reshape(old.shape), arrays[f"{name}:scale"][0])

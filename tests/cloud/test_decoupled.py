@@ -69,7 +69,7 @@ def test_vector_env_has_the_learners_contract(services: list[EnvService]) -> Non
         assert envs.observation_space.shape == (4, 4) and envs.single_action_space == gym.spaces.Discrete(2)
         ended = 0
         for _ in range(60):
-            obs, rew, term, trunc, info = envs.step(np.ones(4, dtype=np.int64))
+            obs, rew, term, _, info = envs.step(np.ones(4, dtype=np.int64))
             assert obs.shape == (4, 4) and rew.dtype == np.float64
             if term.any():
                 ended += int(term.sum())
@@ -91,7 +91,7 @@ def test_vector_env_moves_a_dead_services_envs_to_a_spare(services: list[EnvServ
         assert envs.failovers == [f"{services[1].address}->{services[2].address}"]
         np.testing.assert_array_equal(info["final_obs"][2], before[2])
         for _ in range(5):
-            obs, rew, term, trunc, info = envs.step(np.zeros(4, dtype=np.int64))
+            _, rew, *_ = envs.step(np.zeros(4, dtype=np.int64))
         assert rew.tolist() == [1.0] * 4
         services[2].stop(0)
         with pytest.raises(DecoupledError, match=re.escape("no spare with 2 envs is left")):
