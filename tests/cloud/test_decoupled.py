@@ -86,7 +86,7 @@ def test_vector_env_moves_a_dead_services_envs_to_a_spare(services: list[EnvServ
     try:
         before, *_ = envs.step(np.zeros(4, dtype=np.int64))
         services[1].stop(0)  # slots 2 and 3
-        obs, rew, term, trunc, info = envs.step(np.zeros(4, dtype=np.int64))
+        _, rew, term, trunc, info = envs.step(np.zeros(4, dtype=np.int64))
         assert trunc[2:].all() and not trunc[:2].any() and not term[2:].any()
         assert envs.failovers == [f"{services[1].address}->{services[2].address}"]
         np.testing.assert_array_equal(info["final_obs"][2], before[2])
