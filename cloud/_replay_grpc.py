@@ -219,7 +219,8 @@ class GrpcReplayClient:
         reply = self._call(self._stub.Sample, request, timeout=self._deadline(timeout))
         if not reply.sampled:
             return None
-        _, arrays = unpack_arrays(reply.payload)
+        _, views = unpack_arrays(reply.payload)
+        arrays = {name: view.copy() for name, view in views.items()}  # writable, like a local table's batch
         keys = arrays.pop("_keys")
         weights = arrays.pop("_weights")
         probabilities = arrays.pop("_probabilities")

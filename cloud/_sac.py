@@ -1,0 +1,619 @@
+"""Soft Actor-Critic for Box action spaces, learning from the prioritized replay service.
+
+The learner follows the SAC papers (Haarnoja et al. 2018, with automatic entropy tuning) and
+CleanRL's ``sac_continuous_action.py``: twin soft Q networks with Polyak-averaged targets, a
+tanh-squashed Gaussian actor, a learned temperature ``alpha = exp(log_alpha)`` driven towards a
+target entropy, and TD3's delayed actor updates. The loss terms are pure functions below, tested
+against hand-computed values; importance weights from prioritized replay scale the Q losses and
+the absolute TD errors go back to the replay as priorities.
+
+`SACTrainer` is the importable loop: step the env, insert into the replay, sample, update; its
+replay can be swapped mid-run (`SACTrainer.switch_replay`) from one deployment to another without
+losing a transition. `train_sac` runs it and exports the deterministic policy
+(``tanh(mean)`` scaled to the action bounds) as a verified ONNX graph and, given a key, a signed bundle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from cloud._errors import CloudError
+from cloud._replay import Replay, ReplayConfig, ReplayStats, SampleBatch, Signature, annealed_beta, make_replay
+from device import Bundle, ConfigError, SigningKey, build_bundle, require, space_bounds
+
+if TYPE_CHECKING:
+    import torch
+
+LOG_STD_MIN = -5.0
+LOG_STD_MAX = 2.0
+
+
+class SACError(CloudError):
+    """The SAC learner hit a state it cannot continue from (e.g. the replay refused a sample)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SACConfig:
+    """Hyperparameters of SAC and of its replay table (defaults follow CleanRL, sized for 2 cores)."""
+
+    # networks
+    hidden_sizes: tuple[int, ...] = (128, 128)
+    """Hidden layer widths of the actor and of each Q network."""
+    # optimisation
+    q_lr: float = 1e-3
+    """Adam learning rate of the twin Q networks."""
+    policy_lr: float = 3e-4
+    """Adam learning rate of the actor and of log_alpha."""
+    gamma: float = 0.99
+    """Discount factor."""
+    tau: float = 0.005
+    """Polyak averaging rate of the target Q networks (target <- tau * online + (1 - tau) * target)."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    learning_starts: int = 1000
+    """Env steps of uniformly random actions before learning starts (also the replay's minimum size)."""
+    policy_frequency: int = 2
+    """Delayed actor updates (TD3): every this many steps, this many actor and alpha steps."""
+    target_network_frequency: int = 1
+    """Polyak-update the target Q networks every this many gradient steps."""
+    # entropy
+    autotune: bool = True
+    """Learn the temperature alpha towards the target entropy; otherwise keep `alpha` fixed."""
+    alpha: float = 0.2
+    """Initial (or, without autotune, fixed) entropy temperature."""
+    target_entropy_scale: float = 1.0
+    """Target entropy is -target_entropy_scale * action dimensions."""
+    # replay
+    buffer_size: int = 100_000
+    """Replay capacity in transitions."""
+    prioritized: bool = True
+    """Prioritized experience replay (by |TD error|) instead of uniform sampling."""
+    per_alpha: float = 0.6
+    """Priority exponent of prioritized replay."""
+    per_beta_start: float = 0.4
+    """Importance-sampling exponent at the start; annealed linearly to 1 over the run."""
+    replay: Literal["local", "shared_memory", "grpc"] = "shared_memory"
+    """Replay deployment: in this process's memory, in shared memory, or behind a gRPC replay server."""
+    replay_address: str = ""
+    """host:port of a running replay server for replay='grpc'; empty starts one in this process."""
+    # runtime
+    torch_threads: int = 1
+    """torch intra-op threads (small nets are fastest on one)."""
+    env_mode: str = "sync"
+    """Vector-env mode of cloud._envs.make_vector_env (the env source)."""
+    log_every: int = 1000
+    """Write metrics every this many env steps."""
+    eval_episodes: int = 20
+    """Episodes of the exported deterministic policy evaluated at the end of train_sac."""
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "learning_starts", "policy_frequency", "target_network_frequency", "buffer_size",
+                     "torch_threads", "log_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"SACConfig: {name}={getattr(self, name)} must be at least 1")
+        if not 0.0 < self.tau <= 1.0:
+            raise ConfigError(f"SACConfig: tau={self.tau} must lie in (0, 1]")
+        if self.learning_starts < self.batch_size:
+            raise ConfigError(f"SACConfig: learning_starts={self.learning_starts} is below batch_size="
+                              f"{self.batch_size}; collect at least one batch before learning")
+
+    def replay_config(self) -> ReplayConfig:
+        """The replay table this config trains from (derived values live here, in one place)."""
+        # One gradient step of batch_size samples per env step: the rate limiter holds exactly that
+        # ratio, with two batches of slack, so decoupled actors can neither starve nor outrun the learner.
+        spi = float(self.batch_size)
+        return ReplayConfig(capacity=self.buffer_size, prioritized=self.prioritized, alpha=self.per_alpha,
+                            min_size_to_sample=self.learning_starts, samples_per_insert=spi, error_buffer=2 * spi)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready field values."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
+
+
+# -- pure loss functions ---------------------------------------------------------------------------------
+
+
+def soft_q_target(rewards: torch.Tensor, terminations: torch.Tensor, next_q: torch.Tensor, next_log_pi: torch.Tensor,
+                  *, alpha: float | torch.Tensor, gamma: float) -> torch.Tensor:
+    """Soft Bellman target ``r + gamma * (1 - d) * (min_k Q'_k(s', a') - alpha * log pi(a'|s'))``.
+
+    Args:
+        rewards: ``[B]``.
+        terminations: ``[B]`` 1 where the MDP ended (no bootstrap); time-limit truncations are 0.
+        next_q: ``[2, B]`` both target Q networks at ``(s', a' ~ pi(s'))``.
+        next_log_pi: ``[B]`` log-probability of ``a'``.
+        alpha: Entropy temperature.
+        gamma: Discount factor.
+    """
+    min_qf_next_target = next_q.min(dim=0).values - alpha * next_log_pi
+    return rewards + (1.0 - terminations) * gamma * min_qf_next_target
+
+
+def q_losses(qf_a_values: torch.Tensor, next_q_value: torch.Tensor,
+             weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(qf1_loss, qf2_loss)``: importance-weighted mean squared errors against the soft target.
+
+    Args:
+        qf_a_values: ``[2, B]`` both online Q networks at the replayed ``(s, a)``.
+        next_q_value: ``[B]`` the (detached) soft target.
+        weights: ``[B]`` importance weights from prioritized replay; None for plain means.
+    """
+    sq = (qf_a_values - next_q_value) ** 2
+    if weights is not None:
+        sq = sq * weights
+    per_head = sq.mean(dim=1)
+    return per_head[0], per_head[1]
+
+
+def actor_loss_fn(log_pi: torch.Tensor, min_qf_pi: torch.Tensor, *, alpha: float | torch.Tensor) -> torch.Tensor:
+    """``mean(alpha * log pi(a|s) - min_k Q_k(s, a))`` with ``a ~ pi(s)`` reparameterised."""
+    return (alpha * log_pi - min_qf_pi).mean()
+
+
+def alpha_loss_fn(log_alpha: torch.Tensor, log_pi: torch.Tensor, *, target_entropy: float) -> torch.Tensor:
+    """``mean(-exp(log_alpha) * (log pi + target_entropy))``; `log_pi` must be detached."""
+    return (-log_alpha.exp() * (log_pi + target_entropy)).mean()
+
+
+def squashed_log_prob(normal_log_prob: torch.Tensor, x_t: torch.Tensor, action_scale: torch.Tensor) -> torch.Tensor:
+    """Log-density of ``a = tanh(x) * scale + bias`` given the Gaussian's per-dimension ``log N(x)``: ``[B]``.
+
+    The change of variables subtracts ``log(scale * (1 - tanh(x)^2))`` per dimension (with CleanRL's
+    ``1e-6`` inside the log for stability).
+    """
+    import torch
+
+    y_t = torch.tanh(x_t)
+    return (normal_log_prob - torch.log(action_scale * (1 - y_t.pow(2)) + 1e-6)).sum(dim=-1)
+
+
+def polyak_update(target: list[torch.Tensor], online: list[torch.Tensor], tau: float) -> None:
+    """``target <- tau * online + (1 - tau) * target``, in place, without autograd."""
+    import torch
+
+    with torch.no_grad():
+        for t, o in zip(target, online, strict=True):
+            t.lerp_(o, tau)
+
+
+# -- networks --------------------------------------------------------------------------------------------
+
+
+def _build_networks(obs_dim: int, act_dim: int, hidden: tuple[int, ...], low: np.ndarray, high: np.ndarray) -> Any:
+    import torch
+    from torch import nn
+
+    class TwinQ(nn.Module):
+        """Both Q networks as one stack of batched layers: one ``baddbmm`` per layer runs Q1 and Q2 together."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            sizes = [obs_dim + act_dim, *hidden, 1]
+            self.weights = nn.ParameterList()
+            self.biases = nn.ParameterList()
+            for fan_in, fan_out in itertools.pairwise(sizes):
+                bound = 1.0 / math.sqrt(fan_in)  # nn.Linear's default initialisation, per head
+                self.weights.append(nn.Parameter(torch.empty(2, fan_in, fan_out).uniform_(-bound, bound)))
+                self.biases.append(nn.Parameter(torch.empty(2, 1, fan_out).uniform_(-bound, bound)))
+
+        def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+            x = torch.cat([obs, action], dim=-1).unsqueeze(0).expand(2, -1, -1)
+            last = len(self.weights) - 1
+            for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+                x = torch.baddbmm(b, x, w)
+                if i < last:
+                    x = torch.relu(x)
+            return x.squeeze(-1)  # [2, B]
+
+    class Actor(nn.Module):
+        """Tanh-squashed Gaussian policy; the action bounds are buffers so export needs no extra state."""
+
+        action_scale: torch.Tensor
+        action_bias: torch.Tensor
+
+        def __init__(self) -> None:
+            super().__init__()
+            layers: list[nn.Module] = []
+            fan_in = obs_dim
+            for width in hidden:
+                layers += [nn.Linear(fan_in, width), nn.ReLU()]
+                fan_in = width
+            self.trunk = nn.Sequential(*layers)
+            self.fc_mean = nn.Linear(fan_in, act_dim)
+            self.fc_logstd = nn.Linear(fan_in, act_dim)
+            self.register_buffer("action_scale", torch.tensor((high - low) / 2.0, dtype=torch.float32))
+            self.register_buffer("action_bias", torch.tensor((high + low) / 2.0, dtype=torch.float32))
+
+        def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            x = self.trunk(obs)
+            mean = self.fc_mean(x)
+            log_std = torch.tanh(self.fc_logstd(x))
+            log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
+            return mean, log_std
+
+        def get_action(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            """``(action, log_prob, deterministic action)`` with the reparameterisation trick."""
+            mean, log_std = self(obs)
+            std = log_std.exp()
+            x_t = mean + std * torch.randn_like(mean)
+            # log N(x_t; mean, std) written out: cheaper than building a Normal distribution per step.
+            normal_log_prob = -0.5 * ((x_t - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+            log_prob = squashed_log_prob(normal_log_prob, x_t, self.action_scale)
+            action = torch.tanh(x_t) * self.action_scale + self.action_bias
+            return action, log_prob, torch.tanh(mean) * self.action_scale + self.action_bias
+
+    class DeterministicPolicy(nn.Module):
+        """What is exported: ``obs -> tanh(mean) * scale + bias`` (no observation normalisation is used)."""
+
+        def __init__(self, actor: Actor) -> None:
+            super().__init__()
+            self.actor = actor
+
+        def forward(self, obs: torch.Tensor) -> torch.Tensor:
+            mean = self.actor.fc_mean(self.actor.trunk(obs))
+            return torch.tanh(mean) * self.actor.action_scale + self.actor.action_bias
+
+    return Actor, TwinQ, DeterministicPolicy
+
+
+def transition_signature(obs_shape: tuple[int, ...], act_shape: tuple[int, ...]) -> Signature:
+    """The replay fields SAC stores; ``step`` is the transition's env-step id (counts loss and duplicates)."""
+    return {"obs": (obs_shape, "float32"), "action": (act_shape, "float32"), "reward": ((), "float32"),
+            "next_obs": (obs_shape, "float32"), "terminated": ((), "bool"), "step": ((), "int64")}
+
+
+@dataclass(frozen=True)
+class SACResult:
+    """What `train_sac` did and produced."""
+
+    run_dir: Path
+    global_step: int
+    wall_s: float
+    eval_returns: list[float]
+    """Returns of the exported ONNX policy over `SACConfig.eval_episodes` episodes."""
+    train_returns: list[float]
+    """Returns of the training episodes (stochastic policy and the random warm-up)."""
+    model: bytes
+    """The exported ONNX graph."""
+    bundle: Bundle | None
+    """The signed bundle, when a signing key was given."""
+    replay: ReplayStats
+
+    @property
+    def mean_eval_return(self) -> float:
+        """Mean return of the exported policy."""
+        return float(np.mean(self.eval_returns)) if self.eval_returns else math.nan
+
+
+class SACTrainer:
+    """The SAC loop over one env source and one replay (any deployment), importable and steppable.
+
+    Args:
+        config: Hyperparameters.
+        env_id: Gymnasium env id with Box observations and Box actions.
+        seed: Seeds torch, the env and the replay's sampler.
+        total_steps: Planned env steps (anneals the importance-sampling exponent beta).
+        replay: A replay to train from; None makes one of `config.replay`'s deployment (and, for gRPC
+            without an address, a server in this process).
+    """
+
+    def __init__(self, config: SACConfig, *, env_id: str, seed: int, total_steps: int,
+                 replay: Replay | None = None) -> None:
+        self.torch = torch = require("torch", extra="cloud", purpose="the SAC learner")
+        gym = require("gymnasium", extra="cloud", purpose="training environments")
+        from cloud._envs import make_vector_env
+        from device import space_to_json
+
+        self.config = config
+        self.env_id = env_id
+        self.total_steps = total_steps
+        torch.set_num_threads(config.torch_threads)
+        torch.manual_seed(seed)
+        self.envs = make_vector_env(env_id, num_envs=1, seed=seed, mode=config.env_mode)
+        act_space = self.envs.single_action_space
+        if not isinstance(act_space, gym.spaces.Box):
+            self.envs.close()
+            raise ConfigError(f"SACTrainer: {env_id!r} has action space {act_space}; SAC needs a Box action space "
+                              "(use PPO for Discrete actions)")
+        if not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
+            self.envs.close()
+            raise ConfigError(f"SACTrainer: {env_id!r} has unbounded actions {act_space}; the tanh-squashed actor "
+                              "needs finite action bounds")
+        self.act_space = act_space
+        self.observation_space = space_to_json(self.envs.single_observation_space)
+        self.action_space = space_to_json(act_space)
+        obs_space_shape = self.envs.single_observation_space.shape
+        assert obs_space_shape is not None  # check_spaces admitted only a Box
+        self.obs_shape = tuple(obs_space_shape)
+        self.act_shape = tuple(act_space.shape)
+        obs_dim, act_dim = int(np.prod(self.obs_shape)), int(np.prod(self.act_shape))
+        low, high = act_space.low.astype(np.float64).reshape(-1), act_space.high.astype(np.float64).reshape(-1)
+        actor_cls, twinq_cls, self._policy_cls = _build_networks(obs_dim, act_dim, config.hidden_sizes, low, high)
+        self.actor = actor_cls()
+        self.qf = twinq_cls()
+        self.qf_target = twinq_cls()
+        self.qf_target.load_state_dict(self.qf.state_dict())
+        self.q_optimizer = torch.optim.Adam(self.qf.parameters(), lr=config.q_lr, foreach=True)
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.policy_lr, foreach=True)
+        self.target_entropy = -config.target_entropy_scale * act_dim
+        self.log_alpha = torch.tensor([math.log(config.alpha)], requires_grad=True)
+        self.a_optimizer = torch.optim.Adam([self.log_alpha], lr=config.policy_lr)
+        self.alpha = config.alpha
+
+        self.signature = transition_signature(self.obs_shape, self.act_shape)
+        self._server: Any = None
+        self.replay = replay if replay is not None else self._make_replay(seed)
+        self.rng = np.random.default_rng(seed)
+        self.global_step = 0
+        self.gradient_steps = 0
+        self.obs, _ = self.envs.reset()
+        self.train_returns: list[float] = []
+        self._episode_return = 0.0
+        self.last_metrics: dict[str, float] = {}
+
+    def _make_replay(self, seed: int) -> Replay:
+        cfg = self.config
+        if cfg.replay == "grpc" and not cfg.replay_address:
+            from cloud._replay_grpc import ReplayServer
+
+            self._server = ReplayServer(self.signature, cfg.replay_config(), seed=seed).start()
+            return make_replay("grpc", self.signature, cfg.replay_config(), address=self._server.address)
+        address = cfg.replay_address or None
+        return make_replay(cfg.replay, self.signature, cfg.replay_config(), seed=seed, address=address)
+
+    # -- the loop ----------------------------------------------------------------------------------------
+
+    def run(self, until_step: int, *, on_log: Callable[[int, dict[str, float]], None] | None = None) -> None:
+        """Step the env and learn until `global_step` reaches `until_step`."""
+        torch = self.torch
+        cfg = self.config
+        started, steps_at_start = time.perf_counter(), self.global_step
+        while self.global_step < until_step:
+            step = self.global_step
+            if step < cfg.learning_starts:
+                actions = self.rng.uniform(self.act_space.low, self.act_space.high, (1, *self.act_shape))
+            else:
+                with torch.no_grad():
+                    actions, _, _ = self.actor.get_action(torch.as_tensor(self.obs, dtype=torch.float32))
+                actions = actions.numpy()
+            next_obs, rewards, terminations, truncations, infos = self.envs.step(actions.astype(self.act_space.dtype))
+            # Same-step autoreset: where an episode ended, next_obs is already the next episode's first
+            # observation and the real last one is in infos["final_obs"].
+            real_next_obs = next_obs.copy()
+            if "_final_obs" in infos and infos["_final_obs"][0]:
+                real_next_obs[0] = infos["final_obs"][0]
+            self._insert({"obs": self.obs, "action": actions, "reward": rewards, "next_obs": real_next_obs,
+                          "terminated": terminations, "step": np.array([step])})
+            self._episode_return += float(rewards[0])
+            if terminations[0] or truncations[0]:
+                self.train_returns.append(self._episode_return)
+                self._episode_return = 0.0
+            self.obs = next_obs
+            self.global_step += 1
+            if self.global_step >= cfg.learning_starts:
+                self.update()
+            if on_log is not None and self.global_step % cfg.log_every == 0:
+                rate = (self.global_step - steps_at_start) / max(time.perf_counter() - started, 1e-9)
+                on_log(self.global_step, {**self.last_metrics, "perf/env_steps_per_s": rate,
+                                          "charts/episodic_return": self.train_returns[-1] if self.train_returns
+                                          else math.nan})
+
+    def _insert(self, items: dict[str, np.ndarray]) -> None:
+        # Timeout 0: in this loop inserts and samples alternate, so the limiter can only block on a bug.
+        if not self.replay.insert(items, timeout=0):
+            raise SACError(f"SACTrainer: the replay's rate limiter refused an insert at step {self.global_step}; "
+                           "the replay config does not match this loop's one-update-per-step ratio")
+
+    def update(self) -> dict[str, float]:
+        """One gradient step on a prioritized batch (plus delayed actor/alpha steps and the target update)."""
+        cfg = self.config
+        beta = annealed_beta(self.global_step, self.total_steps, beta_start=cfg.per_beta_start)
+        batch = self.replay.sample(cfg.batch_size, beta=beta, timeout=0)
+        if batch is None:
+            raise SACError(f"SACTrainer: the replay held a sample at step {self.global_step} ({self.replay.stats()}); "
+                           "it should have had learning_starts transitions and samples to spare")
+        metrics = self.learn(batch)
+        self.gradient_steps += 1
+        return metrics
+
+    def learn(self, batch: SampleBatch) -> dict[str, float]:
+        """The SAC update of one sampled batch; sends |TD error| back to the replay as priorities."""
+        torch = self.torch
+        cfg = self.config
+        d = batch.data
+        obs = torch.from_numpy(d["obs"])
+        actions = torch.from_numpy(d["action"])
+        rewards = torch.from_numpy(d["reward"])
+        next_obs = torch.from_numpy(d["next_obs"])
+        terminations = torch.from_numpy(d["terminated"].astype(np.float32))
+        weights = torch.from_numpy(batch.weights) if cfg.prioritized else None
+
+        with torch.no_grad():
+            next_state_actions, next_state_log_pi, _ = self.actor.get_action(next_obs)
+            qf_next_target = self.qf_target(next_obs, next_state_actions)
+            next_q_value = soft_q_target(rewards, terminations, qf_next_target, next_state_log_pi,
+                                         alpha=self.alpha, gamma=cfg.gamma)
+        qf_a_values = self.qf(obs, actions)
+        qf1_loss, qf2_loss = q_losses(qf_a_values, next_q_value, weights)
+        qf_loss = qf1_loss + qf2_loss
+        self.q_optimizer.zero_grad(set_to_none=True)
+        qf_loss.backward()  # type: ignore[no-untyped-call]
+        self.q_optimizer.step()
+        td_error = (qf_a_values.detach() - next_q_value).abs().mean(dim=0)
+        self.replay.update_priorities(batch.keys, td_error.numpy().astype(np.float64))
+
+        metrics = self.last_metrics
+        metrics.update({"losses/qf1_loss": qf1_loss.item(), "losses/qf2_loss": qf2_loss.item(),
+                        "losses/qf1_values": qf_a_values[0].mean().item()})
+        if self.global_step % cfg.policy_frequency == 0:
+            for _ in range(cfg.policy_frequency):  # compensate for the delay, as CleanRL does
+                pi, log_pi, _ = self.actor.get_action(obs)
+                min_qf_pi = self.qf(obs, pi).min(dim=0).values
+                actor_loss = actor_loss_fn(log_pi, min_qf_pi, alpha=self.alpha)
+                self.actor_optimizer.zero_grad(set_to_none=True)
+                # Gradients flow through Q into the actor only; Q's own grads are not needed here.
+                actor_loss.backward(inputs=list(self.actor.parameters()))  # type: ignore[no-untyped-call]
+                self.actor_optimizer.step()
+                metrics["losses/actor_loss"] = actor_loss.item()
+                if cfg.autotune:
+                    alpha_loss = alpha_loss_fn(self.log_alpha, log_pi.detach(), target_entropy=self.target_entropy)
+                    self.a_optimizer.zero_grad(set_to_none=True)
+                    alpha_loss.backward()  # type: ignore[no-untyped-call]
+                    self.a_optimizer.step()
+                    self.alpha = self.log_alpha.exp().item()
+                    metrics["losses/alpha_loss"] = alpha_loss.item()
+            metrics["losses/alpha"] = self.alpha
+        if self.gradient_steps % cfg.target_network_frequency == 0:
+            polyak_update(list(self.qf_target.parameters()), list(self.qf.parameters()), cfg.tau)
+        return metrics
+
+    # -- replay handover, export, teardown ---------------------------------------------------------------
+
+    def switch_replay(self, new: Replay) -> None:
+        """Move the replay's contents into `new` (empty, any deployment) and train from it from now on.
+
+        Called between steps, so nothing is in flight: every transition the old replay holds, its
+        priorities and the rate limiter's counters arrive in `new`, or this raises and the old replay
+        stays in use.
+        """
+        meta, arrays = self.replay.export_state()
+        new.load_state(meta, arrays)
+        before, after = self.replay.stats(), new.stats()
+        if (before.size, before.inserts, before.samples) != (after.size, after.inserts, after.samples):
+            raise SACError(f"SACTrainer.switch_replay: the new replay holds {after}, the old one {before}; "
+                           "kept the old replay")
+        old, self.replay = self.replay, new
+        old.close()
+
+    def policy_graph(self) -> Any:
+        """The deterministic policy module that is exported (``obs -> action``)."""
+        return self._policy_cls(self.actor).eval()
+
+    def export_onnx(self) -> bytes:
+        """Export the deterministic policy with strata's exporter and check it against torch (1e-5, batch 1 and 3)."""
+        from cloud._export import export_onnx, verify_onnx
+
+        graph = self.policy_graph()
+        model: bytes = export_onnx(graph, obs_shape=self.obs_shape, action_space=self.action_space)
+        verify_onnx(model, graph, obs_space=self.observation_space, action_space=self.action_space)
+        return model
+
+    def build_bundle(self, model: bytes, *, signing_key: SigningKey, policy: str, version: int = 1,
+                     parent_version: int | None = None) -> Bundle:
+        """Sign `model` as a policy bundle with this run's spaces and provenance."""
+        import onnx
+        import torch
+
+        from cloud._export import OPSET
+
+        low, high = space_bounds(self.action_space)
+        return build_bundle(
+            model, policy=policy, version=version, parent_version=parent_version,
+            observation_space=self.observation_space, action_space=self.action_space,
+            preprocessing={"in_graph": True, "obs_normalization": {"enabled": False},
+                           "action": "tanh_mean_scaled",
+                           "action_scale": ((high - low) / 2.0).tolist(), "action_bias": ((high + low) / 2.0).tolist()},
+            signing_key=signing_key, producer={"torch": torch.__version__, "onnx": onnx.__version__, "algo": "sac",
+                                               "env_id": self.env_id, "global_step": str(self.global_step),
+                                               "exporter": f"torch.onnx.export(dynamo=False, opset_version={OPSET})"},
+        )
+
+    def close(self) -> None:
+        """Close the env and the replay (and the in-process replay server, if this trainer started one)."""
+        self.envs.close()
+        self.replay.close()
+        if self._server is not None:
+            self._server.stop(grace=None)
+            self._server = None
+
+
+def evaluate_onnx_policy(model: bytes, *, env_id: str, episodes: int, seed: int) -> list[float]:
+    """Returns of `episodes` episodes of the ONNX policy `model` (input "obs", output "action") in onnxruntime."""
+    gym = require("gymnasium", extra="cloud", purpose="evaluating policies")
+    ort = require("onnxruntime", extra="cloud", purpose="evaluating policies")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    env = gym.make(env_id)
+    returns = []
+    try:
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=seed + episode)
+            total, done = 0.0, False
+            while not done:
+                (action,) = session.run(["action"], {"obs": np.asarray(obs, np.float32)[None]})
+                obs, reward, terminated, truncated, _ = env.step(action[0])
+                total += float(reward)
+                done = terminated or truncated
+            returns.append(total)
+    finally:
+        env.close()
+    return returns
+
+
+def train_sac(config: SACConfig, *, env_id: str, run_dir: Path, seed: int, total_steps: int,
+              signing_key: SigningKey | None = None, policy: str | None = None,
+              log: Callable[[str], None] = print) -> SACResult:
+    """Train SAC for `total_steps` env steps, export the deterministic policy and evaluate the export.
+
+    Writes ``RUN_DIR/metrics.jsonl`` (CleanRL-style names), ``RUN_DIR/policy.onnx`` and, with a
+    `signing_key`, ``RUN_DIR/bundles/000000001.bundle``; every file goes through a temp file and a rename.
+
+    Args:
+        config: Hyperparameters (including the replay deployment).
+        env_id: Gymnasium env id with Box observations and bounded Box actions.
+        run_dir: Output folder (created).
+        seed: Seeds torch, the env, the replay sampler and the evaluation episodes.
+        total_steps: Env steps to train.
+        signing_key: Signs the exported bundle; None exports the ONNX graph only.
+        policy: Bundle policy name; None derives it from `env_id`.
+        log: Where progress lines go.
+    """
+    from cloud._export import default_policy_name
+    from cloud._metrics import MetricsWriter
+
+    if total_steps < 1:
+        raise ConfigError(f"train_sac: total_steps must be >= 1, got {total_steps}")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    trainer = SACTrainer(config, env_id=env_id, seed=seed, total_steps=total_steps)
+    try:
+        with MetricsWriter(run_dir, tensorboard=False) as metrics:
+            def on_log(step: int, values: dict[str, float]) -> None:
+                metrics.log(global_step=step, policy_version=0, values=values)
+                log(f"sac {env_id} step {step}/{total_steps} return {values['charts/episodic_return']:.1f} "
+                    f"{values['perf/env_steps_per_s']:.0f} steps/s")
+
+            trainer.run(total_steps, on_log=on_log)
+            model = trainer.export_onnx()
+            _write_atomic(run_dir / "policy.onnx", model)
+            bundle = None
+            if signing_key is not None:
+                bundle = trainer.build_bundle(model, signing_key=signing_key,
+                                              policy=policy or default_policy_name(env_id))
+                _write_atomic(run_dir / "bundles" / f"{bundle.manifest.version:09d}.bundle", bundle.to_bytes())
+            eval_returns = evaluate_onnx_policy(model, env_id=env_id, episodes=config.eval_episodes, seed=seed + 10_000)
+            metrics.log(global_step=trainer.global_step, policy_version=1,
+                        values={"eval/mean_return": float(np.mean(eval_returns)) if eval_returns else math.nan})
+        return SACResult(run_dir=run_dir, global_step=trainer.global_step, wall_s=time.perf_counter() - started,
+                         eval_returns=eval_returns, train_returns=list(trainer.train_returns), model=model,
+                         bundle=bundle, replay=trainer.replay.stats())
+    finally:
+        trainer.close()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)

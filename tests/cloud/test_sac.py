@@ -1,0 +1,237 @@
+"""SAC: pure losses against hand-computed values, networks, export, learning, and the replay in both deployments."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cloud._replay import ReplayTable  # noqa: E402
+from cloud._replay_grpc import GrpcReplayClient, ReplayServer  # noqa: E402
+from cloud._sac import (  # noqa: E402
+    SACConfig,
+    SACTrainer,
+    actor_loss_fn,
+    alpha_loss_fn,
+    evaluate_onnx_policy,
+    polyak_update,
+    q_losses,
+    soft_q_target,
+    squashed_log_prob,
+    train_sac,
+)
+from device import ConfigError, TrustStore, Verifier, generate_keypair, load_public_key, load_signing_key  # noqa: E402
+
+T = torch.tensor
+TINY = SACConfig(hidden_sizes=(32, 32), batch_size=32, learning_starts=64, replay="local", eval_episodes=2,
+                 log_every=100)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+# -- pure losses ---------------------------------------------------------------------------------------
+
+
+def test_soft_q_target_by_hand() -> None:
+    # min over heads [3, 1]; minus alpha * log_pi = [3 - 0.1, 1 + 0.2]; no bootstrap for the terminated item.
+    target = soft_q_target(T([1.0, 2.0]), T([0.0, 1.0]), T([[3.0, 1.0], [5.0, 4.0]]), T([0.5, -1.0]),
+                           alpha=0.2, gamma=0.9)
+    torch.testing.assert_close(target, T([1.0 + 0.9 * 2.9, 2.0]))
+
+
+def test_q_losses_by_hand() -> None:
+    qf = T([[1.0, 2.0], [3.0, 0.0]])
+    target = T([2.0, 2.0])
+    qf1_loss, qf2_loss = q_losses(qf, target)
+    assert (qf1_loss.item(), qf2_loss.item()) == (0.5, 2.5)  # mean([1, 0]), mean([1, 4])
+    qf1_loss, qf2_loss = q_losses(qf, target, T([1.0, 0.5]))
+    assert (qf1_loss.item(), qf2_loss.item()) == (0.5, 1.5)  # mean([1, 0]), mean([1, 2])
+
+
+def test_actor_loss_by_hand() -> None:
+    loss = actor_loss_fn(T([1.0, -1.0]), T([2.0, 3.0]), alpha=0.5)
+    assert loss.item() == pytest.approx(-2.5)  # mean([0.5 - 2, -0.5 - 3])
+
+
+def test_alpha_loss_and_its_gradient_by_hand() -> None:
+    log_alpha = torch.tensor([math.log(2.0)], requires_grad=True)
+    loss = alpha_loss_fn(log_alpha, T([1.0, -3.0]), target_entropy=-1.0)
+    assert loss.item() == pytest.approx(4.0)  # mean(-2 * [0, -4])
+    loss.backward()
+    assert log_alpha.grad is not None
+    assert log_alpha.grad.item() == pytest.approx(4.0)  # d/dlog_alpha of -exp(la) * c is the loss itself
+    # entropy below target (log_pi + target > 0) pushes alpha up: gradient descent lowers the loss
+    assert alpha_loss_fn(torch.tensor([0.0]), T([2.0]), target_entropy=-1.0).item() == pytest.approx(-1.0)
+
+
+def test_squashed_log_prob_by_hand() -> None:
+    x = T([[0.0, math.atanh(0.5)]])
+    got = squashed_log_prob(T([[-1.0, -2.0]]), x, T([2.0, 1.0]))
+    expected = -1.0 - math.log(2.0 + 1e-6) - 2.0 - math.log(0.75 + 1e-6)
+    assert got.shape == (1,)
+    assert got.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_polyak_update() -> None:
+    target, online = [torch.zeros(3)], [torch.ones(3)]
+    polyak_update(target, online, 0.1)
+    torch.testing.assert_close(target[0], torch.full((3,), 0.1))
+
+
+# -- networks and export -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def trainer() -> Iterator[SACTrainer]:
+    t = SACTrainer(TINY, env_id="Pendulum-v1", seed=0, total_steps=1000)
+    yield t
+    t.close()
+
+
+def test_twin_q_heads_are_two_independent_mlps(trainer: SACTrainer) -> None:
+    obs, act = torch.randn(5, 3), torch.randn(5, 1)
+    q = trainer.qf(obs, act)
+    assert q.shape == (2, 5)
+    for head in range(2):
+        x = torch.cat([obs, act], dim=-1)
+        ws, bs = list(trainer.qf.weights), list(trainer.qf.biases)
+        for i, (w, b) in enumerate(zip(ws, bs, strict=True)):
+            x = x @ w[head] + b[head]
+            x = torch.relu(x) if i < len(ws) - 1 else x
+        torch.testing.assert_close(q[head], x.squeeze(-1))
+
+
+def test_actor_samples_inside_the_bounds_with_the_right_log_prob(trainer: SACTrainer) -> None:
+    obs = torch.randn(64, 3)
+    with torch.no_grad():
+        action, log_prob, mean_action = trainer.actor.get_action(obs)
+    assert action.shape == (64, 1) and log_prob.shape == (64,)
+    assert float(action.abs().max()) <= 2.0 and float(mean_action.abs().max()) <= 2.0
+    # the same density from torch.distributions: Normal on x, then the tanh-and-scale change of variables
+    with torch.no_grad():
+        mean, log_std = trainer.actor(obs)
+    x = torch.atanh(((action - trainer.actor.action_bias) / trainer.actor.action_scale).clamp(-0.999999, 0.999999))
+    ref = torch.distributions.Normal(mean, log_std.exp()).log_prob(x) - torch.log(
+        trainer.actor.action_scale * (1 - torch.tanh(x) ** 2) + 1e-6)
+    torch.testing.assert_close(log_prob, ref.sum(-1), atol=1e-3, rtol=1e-3)
+
+
+def test_export_is_the_deterministic_scaled_mean_and_matches_onnxruntime(trainer: SACTrainer) -> None:
+    import onnx
+    import onnxruntime as ort
+
+    model = trainer.export_onnx()
+    onnx.checker.check_model(onnx.load_from_string(model))
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["obs"]
+    assert [o.name for o in session.get_outputs()] == ["action"]
+    for batch in (1, 3):
+        obs = np.random.default_rng(batch).normal(size=(batch, 3)).astype(np.float32)
+        (got,) = session.run(["action"], {"obs": obs})
+        with torch.no_grad():
+            _, _, want = trainer.actor.get_action(torch.from_numpy(obs))
+        assert got.dtype == np.float32 and got.shape == (batch, 1)
+        np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
+
+
+def test_signed_bundle_verifies_and_runs_on_the_numpy_executor(trainer: SACTrainer, tmp_path: Path) -> None:
+    from device import NumpyExecutor
+
+    key_path, pub_path = generate_keypair(tmp_path)
+    model = trainer.export_onnx()
+    bundle = trainer.build_bundle(model, signing_key=load_signing_key(key_path), policy="pendulum-sac")
+    verified = Verifier(trust=TrustStore([load_public_key(pub_path)]), tier="device").verify(bundle.to_bytes())
+    m = verified.manifest
+    assert (m.policy, m.version, m.output_names, m.producer["algo"]) == ("pendulum-sac", 1, ("action",), "sac")
+    assert m.action_space["type"] == "Box" and m.preprocessing["action"] == "tanh_mean_scaled"
+    obs = np.random.default_rng(0).normal(size=(3, 3)).astype(np.float32)
+    with torch.no_grad():
+        want = trainer.policy_graph()(torch.from_numpy(obs)).numpy()
+    np.testing.assert_allclose(NumpyExecutor.from_bundle(verified).act(obs), want, atol=1e-5)
+
+
+def test_config_and_env_errors_name_the_fix() -> None:
+    with pytest.raises(ConfigError, match=re.escape(
+        "SACConfig: learning_starts=10 is below batch_size=256; collect at least one batch before learning"
+    )):
+        SACConfig(learning_starts=10)
+    with pytest.raises(ConfigError, match=re.escape(
+        "SACTrainer: 'CartPole-v1' has action space Discrete(2); SAC needs a Box action space"
+    )):
+        SACTrainer(TINY, env_id="CartPole-v1", seed=0, total_steps=10)
+
+
+# -- training with the replay in both deployments -------------------------------------------------------
+
+
+@pytest.mark.parametrize("deployment", ["shared_memory", "grpc"])
+def test_sac_trains_from_either_deployment(deployment: str, tmp_path: Path) -> None:
+    config = SACConfig(**{**TINY.to_dict(), "hidden_sizes": (32, 32), "replay": deployment})
+    result = train_sac(config, env_id="Pendulum-v1", run_dir=tmp_path, seed=1, total_steps=300, log=lambda _: None)
+    assert result.global_step == 300
+    stats = result.replay
+    assert (stats.size, stats.inserts) == (300, 300)
+    assert stats.samples == (300 - 64 + 1) * 32  # one batch per env step from learning_starts on
+    assert (tmp_path / "policy.onnx").read_bytes() == result.model
+    assert len(result.eval_returns) == 2
+    assert (tmp_path / "metrics.jsonl").exists()
+
+
+def test_replay_moves_from_shared_memory_to_grpc_mid_training_without_loss(tmp_path: Path) -> None:
+    trainer = SACTrainer(TINY, env_id="Pendulum-v1", seed=2, total_steps=600)
+    server = ReplayServer(trainer.signature, TINY.replay_config(), seed=2).start()
+    try:
+        assert isinstance(trainer.replay, ReplayTable)
+        trainer.run(250)
+        before = trainer.replay.stats()
+        trainer.switch_replay(GrpcReplayClient(server.address, signature=trainer.signature))
+        assert isinstance(trainer.replay, GrpcReplayClient)
+        after = trainer.replay.stats()
+        assert (after.size, after.inserts, after.samples) == (before.size, before.inserts, before.samples)
+        trainer.run(600)  # learning continues on the gRPC deployment
+        _, arrays = trainer.replay.export_state()
+        np.testing.assert_array_equal(arrays["step"], np.arange(600))  # every transition, once, in order
+        assert trainer.gradient_steps == 600 - 64 + 1
+        assert server.table.stats().inserts == 600
+    finally:
+        trainer.close()
+        server.stop(grace=None)
+
+
+def test_sac_beats_a_random_policy_within_a_few_thousand_steps(tmp_path: Path) -> None:
+    config = SACConfig(learning_starts=1000, batch_size=128, eval_episodes=10, log_every=500, replay="shared_memory")
+    result = train_sac(config, env_id="Pendulum-v1", run_dir=tmp_path, seed=0, total_steps=4000, log=lambda _: None)
+    rng = np.random.default_rng(0)
+    random_returns = []
+    import gymnasium as gym
+
+    env = gym.make("Pendulum-v1")
+    for episode in range(10):
+        env.reset(seed=10_000 + episode)
+        total, done = 0.0, False
+        while not done:
+            _, r, term, trunc, _ = env.step(rng.uniform(-2, 2, size=(1,)).astype(np.float32))
+            total += float(r)
+            done = term or trunc
+        random_returns.append(total)
+    env.close()
+    assert result.mean_eval_return > np.mean(random_returns) + 300, (result.eval_returns, random_returns)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pendulum_exported_policy_reaches_minus_200_within_30k_steps(seed: int, tmp_path: Path) -> None:
+    result = train_sac(SACConfig(), env_id="Pendulum-v1", run_dir=tmp_path, seed=seed, total_steps=15_000,
+                       log=lambda _: None)
+    assert len(result.eval_returns) == 20
+    assert result.mean_eval_return >= -200, result.eval_returns
+    assert evaluate_onnx_policy(result.model, env_id="Pendulum-v1", episodes=1, seed=0)[0] > -1000
