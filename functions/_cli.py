@@ -10,3 +10,67 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from functions._envservice import register_cli as register_envs
 
     register_envs(sub)  # `strata envs serve` (the gRPC env service)
+    _register_functions(sub)  # `strata functions serve` (the local Lambda runtime)
+
+
+def _register_functions(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`strata functions serve`: the local function runtime (Lambda's Invoke API on loopback)."""
+    functions = sub.add_parser("functions", help="serverless env functions: the local Lambda-compatible runtime")
+    fsub = functions.add_subparsers(dest="functions_command", metavar="SUBCOMMAND", required=True)
+    serve = fsub.add_parser(
+        "serve", help="serve Lambda functions on loopback; drive it with boto3 endpoint_url or AWS_ENDPOINT_URL_LAMBDA",
+        description="Serve functions over Lambda's Invoke API (POST /2015-03-31/functions/NAME/invocations) with "
+        "warm awslambdaric worker processes. Without --function it serves strata-rollout "
+        "(functions._handlers.rollout_handler) and strata-ping.")
+    serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=9001, help="TCP port; 0 picks a free one (default: %(default)s)")
+    serve.add_argument("--function", action="append", default=[], metavar="NAME=HANDLER[,OPT=V...]",
+                       help="a function to serve: NAME=module.handler with optional ,timeout=S ,memory=MB "
+                       ",concurrency=N ,versions=1+2 ,alias=NAME:VERSION (repeatable)")
+    serve.add_argument("--from-endpoint", metavar="URL", help="read a deployment back from this AWS endpoint "
+                       "(provided by the infra tier)")
+    serve.add_argument("--stage", default="dev", help="deployment stage for --from-endpoint (default: %(default)s)")
+    serve.add_argument("--throttle-rate", type=float, default=0.0, help="fault: fraction of invocations answered 429")
+    serve.add_argument("--duplicate-rate", type=float, default=0.0,
+                       help="fault: fraction of Event invocations delivered twice")
+    serve.add_argument("--cold-start-delay", type=float, default=0.0, metavar="S",
+                       help="fault: extra seconds each new worker takes to start")
+    serve.add_argument("--crash-rate", type=float, default=0.0,
+                       help="fault: fraction of invocations whose worker is killed mid-invocation")
+    serve.add_argument("--service-error-rate", type=float, default=0.0,
+                       help="fault: fraction of invocations answered 500 ServiceException")
+    serve.add_argument("--no-memory-limit", action="store_true", help="do not apply RLIMIT_AS to workers")
+    serve.set_defaults(func=_serve_functions)
+
+
+def _serve_functions(args: argparse.Namespace) -> int:
+    import json
+    import signal
+
+    from functions._runtime import (
+        DEFAULT_FUNCTIONS,
+        FaultConfig,
+        FunctionSource,
+        LocalRuntime,
+        RuntimeConfig,
+        SourceTreeFunctions,
+        endpoint_source,
+        parse_function_option,
+    )
+
+    source: FunctionSource
+    if args.from_endpoint:
+        source = endpoint_source(args.from_endpoint, args.stage)
+    else:
+        specs = [parse_function_option(text) for text in args.function] or list(DEFAULT_FUNCTIONS)
+        source = SourceTreeFunctions(specs)
+    faults = FaultConfig(throttle_rate=args.throttle_rate, duplicate_rate=args.duplicate_rate,
+                         cold_start_delay_s=args.cold_start_delay, crash_rate=args.crash_rate,
+                         service_error_rate=args.service_error_rate)
+    runtime = LocalRuntime(source, config=RuntimeConfig(host=args.host, port=args.port,
+                                                        enforce_memory=not args.no_memory_limit), faults=faults)
+    runtime.start()
+    signal.signal(signal.SIGTERM, lambda signum, frame: runtime.request_stop())
+    print(json.dumps({"event": "serving", "url": runtime.url, "functions": source.names()}), flush=True)
+    runtime.serve_forever()
+    return 0

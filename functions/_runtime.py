@@ -288,6 +288,7 @@ class _Invocation:
                 return False
             self.outcome = outcome
         self.done.set()
+        self.delivered.set()  # nobody waits for a delivery any more (an init error or exit can end it early)
         return True
 
 
@@ -400,6 +401,9 @@ class _Worker:
         self.state = WorkerState.DEAD
         self._next.put(None)
         self.drain_logs()
+        with self._log_lock:
+            assert self.proc.stdout is not None
+            self.proc.stdout.close()
         current = self._current
         if current is not None:
             if self._init_error is not None:
@@ -414,7 +418,8 @@ class _Worker:
         self._runtime.worker_died(self)
 
     def kill(self) -> None:
-        """Stop the process at once (timeout, crash injection, shutdown)."""
+        """Stop the process at once (timeout, crash injection, shutdown); it is never handed work again."""
+        self.state = WorkerState.DEAD
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
 
@@ -550,6 +555,7 @@ class LocalRuntime:
         self._async: dict[str, queue.Queue[tuple[_Invocation, int] | None]] = {}
         self._server: ThreadingHTTPServer | None = None
         self._closed = False
+        self._stop_requested = False
 
     # -- lifecycle --
     def start(self) -> LocalRuntime:
@@ -712,11 +718,15 @@ class LocalRuntime:
                 time.sleep(self.config.async_retry_delay_s * (attempt + 1))
                 q.put((template, attempt + 1))
 
+    def request_stop(self) -> None:
+        """Ask `serve_forever` to return (safe from a signal handler)."""
+        self._stop_requested = True
+
     def serve_forever(self) -> None:
-        """Block until interrupted (the CLI's loop)."""
+        """Block until `request_stop` or an interrupt, then stop (the CLI's loop)."""
         try:
-            while not self._closed:
-                time.sleep(0.5)
+            while not self._closed and not self._stop_requested:
+                time.sleep(0.2)
         finally:
             self.stop()
 

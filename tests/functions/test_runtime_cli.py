@@ -1,0 +1,38 @@
+"""Subprocess smoke test of `strata functions serve`, driven by boto3."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import boto3
+from botocore.config import Config
+
+from tests._cli import STRATA, run_strata
+
+
+def test_functions_serve_answers_boto3_and_stops_on_sigterm() -> None:
+    proc = subprocess.Popen([STRATA, "functions", "serve", "--port", "0", "--function",
+                             "ping=functions._handlers.ping_handler,timeout=5,concurrency=1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        assert proc.stdout is not None
+        line = json.loads(proc.stdout.readline())
+        assert line["event"] == "serving" and line["functions"] == ["ping"]
+        client = boto3.client("lambda", endpoint_url=line["url"], region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing",
+                              config=Config(retries={"total_max_attempts": 1}))
+        r = client.invoke(FunctionName="ping", Payload=b'{"n": 1}')
+        assert json.loads(r["Payload"].read()) == {"ok": True, "echo": {"n": 1}}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=20)
+    assert proc.returncode == 0, stderr
+
+
+def test_functions_serve_refuses_a_bad_function_option() -> None:
+    result = run_strata("functions", "serve", "--port", "0", "--function", "broken")
+    assert result.returncode == 2
+    assert "error: --function 'broken': expected NAME=module.handler" in result.stderr
