@@ -1,0 +1,334 @@
+"""Co-located env stepping: strata's SharedMemoryVectorEnv vs gymnasium and SB3 vector envs, same run.
+
+Env steps/s with actions chosen in the parent process (pre-drawn random actions), 2 worker processes x
+{1, 8, 32} envs each, for CartPole-v1, Pendulum-v1 and a heavy stand-in env whose step busy-waits ~200 us:
+
+- strata:   SharedMemoryVectorEnv, 2 workers x K envs;
+- async:    gymnasium AsyncVectorEnv(shared_memory=True) over the same 2K envs (one process per env, its design);
+- subproc:  Stable-Baselines3 SubprocVecEnv over the same 2K envs (one process per env, fork);
+- sync:     gymnasium SyncVectorEnv of 2K envs in this process;
+- single:   the plain one-env step loop in this process (the per-core limit; x2 is "linear scaling").
+
+Also numpy-vectorised CartPole (`gymnasium.make_vec(..., vectorization_mode="vector_entry_point")`) in the
+workers vs in this process, and co-located inference (an MLP 4-64-64-2 ONNX policy): batched in the
+learner with onnxruntime (all envs, or double-buffered halves) vs a per-worker copy (onnxruntime or
+strata's numpy-only `device.NumpyExecutor`).
+
+Each figure is the median of `--repeats` timed windows (5 by default, 3 with --quick) on one instance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from cloud import ColocatedConfig, SharedMemoryVectorEnv
+
+HEAVY_ID = "strata-bench/Busy200us-v0"
+WORKERS = 2
+
+
+class BusyEnv(gym.Env[np.ndarray, int]):
+    """A stand-in for a physics simulator: each step busy-waits `step_us` microseconds; episodes last 200 steps."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, step_us: float = 200.0) -> None:
+        self.step_s = step_us * 1e-6
+        self.t = 0
+        self.state = np.zeros(4, dtype=np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        """Start a 200-step episode near the origin."""
+        super().reset(seed=seed)
+        self.t = 0
+        self.state = self.np_random.uniform(-0.05, 0.05, 4).astype(np.float32)
+        return self.state.copy(), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """Busy-wait `step_us`, then move the state a little."""
+        end = time.perf_counter() + self.step_s
+        while time.perf_counter() < end:
+            pass
+        self.t += 1
+        self.state[0] += 0.01 if action else -0.01
+        return self.state.copy(), 1.0, False, self.t >= 200, {}
+
+
+gym.register(HEAVY_ID, entry_point=BusyEnv)
+
+
+def action_batches(env_id: str, n: int, count: int = 64) -> list[np.ndarray]:
+    space = gym.vector.utils.batch_space(gym.make(env_id).action_space, n)
+    space.seed(0)
+    return [np.asarray(space.sample()) for _ in range(count)]
+
+
+def timed(step: Callable[[np.ndarray], Any], batches: list[np.ndarray], n: int, window_s: float) -> float:
+    """Env steps per second of `step` over one window (at least 3 calls)."""
+    calls, i = 0, 0
+    start = time.perf_counter()
+    while True:
+        step(batches[i])
+        i = (i + 1) % len(batches)
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= window_s and calls >= 3:
+            return calls * n / elapsed
+
+
+def measure(build: Callable[[], tuple[Callable[[np.ndarray], Any], Callable[[], None]]], batches: list[np.ndarray],
+            n: int, repeats: int, window_s: float) -> float:
+    step, close = build()
+    try:
+        timed(step, batches, n, window_s / 4)  # warm-up
+        return statistics.median(timed(step, batches, n, window_s) for _ in range(repeats))
+    finally:
+        close()
+
+
+def build_strata(env_id: str, k: int, *, vectorized: bool = False) -> Any:
+    pool = SharedMemoryVectorEnv.make(env_id, num_workers=WORKERS, envs_per_worker=k, vectorized=vectorized,
+                                      config=ColocatedConfig(num_workers=WORKERS))
+    pool.reset(seed=0)
+    return pool.step, pool.close
+
+
+def build_async(env_id: str, k: int) -> Any:
+    envs = gym.vector.AsyncVectorEnv([functools.partial(gym.make, env_id)] * (WORKERS * k), shared_memory=True)
+    envs.reset(seed=0)
+    return envs.step, envs.close
+
+
+def build_sync(env_id: str, k: int) -> Any:
+    envs = gym.vector.SyncVectorEnv([functools.partial(gym.make, env_id)] * (WORKERS * k))
+    envs.reset(seed=0)
+    return envs.step, envs.close
+
+
+def build_subproc(env_id: str, k: int) -> Any:
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    envs = SubprocVecEnv([functools.partial(gym.make, env_id)] * (WORKERS * k), start_method="fork")
+    envs.reset()
+    return envs.step, envs.close
+
+
+def build_vec_local(env_id: str, k: int) -> Any:
+    envs = gym.make_vec(env_id, num_envs=WORKERS * k, vectorization_mode="vector_entry_point")
+    envs.reset(seed=0)
+    return envs.step, envs.close
+
+
+def single_loop_rate(env_id: str, repeats: int, window_s: float) -> float:
+    env = gym.make(env_id)
+    env.reset(seed=0)
+    batches = [b[0] for b in action_batches(env_id, 1)]
+
+    def step(action: Any) -> None:
+        _, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            env.reset()
+
+    timed(step, batches, 1, window_s / 4)
+    rate = statistics.median(timed(step, batches, 1, window_s) for _ in range(repeats))
+    env.close()
+    return rate
+
+
+# --- co-located inference ------------------------------------------------------------------------------------
+
+
+def mlp_onnx(seed: int = 0) -> bytes:
+    """An MLP 4-64-64-2 (tanh) policy graph built directly with onnx.helper (input "obs", output "logits")."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    sizes = [4, 64, 64, 2]
+    inits, nodes, prev = [], [], "obs"
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
+        w = rng.normal(0, 1 / np.sqrt(a), (a, b)).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"W{i}"), numpy_helper.from_array(np.zeros(b, np.float32), f"b{i}")]
+        nodes += [helper.make_node("MatMul", [prev, f"W{i}"], [f"m{i}"]),
+                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"])]
+        prev = f"a{i}"
+        if i < len(sizes) - 2:
+            nodes.append(helper.make_node("Tanh", [prev], [f"h{i}"]))
+            prev = f"h{i}"
+    nodes.append(helper.make_node("Identity", [prev], ["logits"]))
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def ort_session(model: bytes) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+
+
+def ort_policy(model: bytes) -> Callable[[np.ndarray], np.ndarray]:
+    sess = ort_session(model)
+    return lambda obs: sess.run(None, {"obs": obs})[0].argmax(axis=1)
+
+
+def numpy_policy(model: bytes) -> Callable[[np.ndarray], np.ndarray]:
+    from device import NumpyExecutor
+
+    ex = NumpyExecutor(model)
+    return lambda obs: ex.run({"obs": obs})["logits"].argmax(axis=1)
+
+
+def inference_rates(k: int, model: bytes, repeats: int, window_s: float) -> dict[str, float]:
+    n = WORKERS * k
+    dummy = [np.zeros(n, dtype=np.int64)]
+    out: dict[str, float] = {}
+
+    def learner_batched() -> Any:
+        pool = SharedMemoryVectorEnv.make("CartPole-v1", num_workers=WORKERS, envs_per_worker=k)
+        policy = ort_policy(model)
+        obs = [pool.reset(seed=0)[0]]
+
+        def step(_: Any) -> None:
+            obs[0] = pool.step(policy(obs[0]))[0]
+
+        return step, pool.close
+
+    def learner_halves() -> Any:
+        # Double buffering: the policy runs on one half while the workers step the other.
+        pool = SharedMemoryVectorEnv.make("CartPole-v1", num_workers=WORKERS, envs_per_worker=k)
+        policy = ort_policy(model)
+        first = pool.reset(seed=0)[0]
+        halves = [pool.half_indices(0), pool.half_indices(1)]
+        pool.step_half_async(0, policy(first[halves[0]]))
+        pool.step_half_async(1, policy(first[halves[1]]))
+
+        def step(_: Any) -> None:
+            for h in (0, 1):
+                obs_h = pool.step_half_wait(h)[0]
+                pool.step_half_async(h, policy(obs_h))
+
+        def close() -> None:
+            pool.step_half_wait(0)
+            pool.step_half_wait(1)
+            pool.close()
+
+        return step, close
+
+    def per_worker(factory: Callable[[bytes], Callable[[np.ndarray], np.ndarray]]) -> Any:
+        pool = SharedMemoryVectorEnv.make("CartPole-v1", num_workers=WORKERS, envs_per_worker=k,
+                                          worker_policy=functools.partial(factory, model))
+        pool.reset(seed=0)
+        return (lambda _: pool.act_step()), pool.close
+
+    out["learner_ort"] = measure(learner_batched, dummy, n, repeats, window_s)
+    if k >= 1 and WORKERS * k >= 2:
+        out["learner_ort_halves"] = measure(learner_halves, dummy, n, repeats, window_s)
+    out["worker_ort"] = measure(lambda: per_worker(ort_policy), dummy, n, repeats, window_s)
+    out["worker_numpy"] = measure(lambda: per_worker(numpy_policy), dummy, n, repeats, window_s)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer configurations and shorter windows (< 1 minute)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed windows per figure (default 5, quick 3)")
+    parser.add_argument("--window", type=float, default=None, help="seconds per timed window (default 1.0, quick 0.2)")
+    args = parser.parse_args()
+    repeats = args.repeats or (3 if args.quick else 5)
+    window = args.window or (0.2 if args.quick else 1.0)
+    if args.quick:
+        matrix = {"CartPole-v1": (1, 32), "Pendulum-v1": (1,), HEAVY_ID: (8,)}
+        variants = ("strata", "async", "sync", "subproc")
+        vec_sizes: tuple[int, ...] = (32,)
+        inference_sizes: tuple[int, ...] = (8,)
+    else:
+        matrix = {"CartPole-v1": (1, 8, 32), "Pendulum-v1": (1, 8, 32), HEAVY_ID: (1, 8, 32)}
+        variants = ("strata", "async", "sync", "subproc")
+        vec_sizes = (32, 256)
+        inference_sizes = (1, 8, 32)
+    builders = {"strata": build_strata, "async": build_async, "sync": build_sync, "subproc": build_subproc}
+    load = os.getloadavg()
+    print(f"# load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; "
+          f"{repeats} windows of {window} s per figure (median)")
+
+    figures: dict[str, Any] = {}
+    ratios: dict[str, float] = {}
+    rows = []
+    for env_id, sizes in matrix.items():
+        single = single_loop_rate(env_id, repeats, window)
+        figures[f"{env_id}/single"] = single
+        for k in sizes:
+            n = WORKERS * k
+            batches = action_batches(env_id, n)
+            rates = {v: measure(functools.partial(builders[v], env_id, k), batches, n, repeats, window)
+                     for v in variants}
+            for v, r in rates.items():
+                figures[f"{env_id}/{k}/{v}"] = r
+            key = f"{env_id}/{k}"
+            ratios[f"{key}/strata_vs_async"] = rates["strata"] / rates["async"]
+            ratios[f"{key}/strata_vs_subproc"] = rates["strata"] / rates["subproc"]
+            ratios[f"{key}/strata_vs_sync"] = rates["strata"] / rates["sync"]
+            ratios[f"{key}/strata_vs_linear"] = rates["strata"] / (WORKERS * single)
+            rows.append((env_id, k, rates, single))
+            print(f"{env_id:26s} 2x{k:<3d} strata {rates['strata']:>10,.0f}  async {rates['async']:>10,.0f}  "
+                  f"subproc {rates['subproc']:>10,.0f}  sync {rates['sync']:>10,.0f}  single {single:>10,.0f}  "
+                  f"strata/async {ratios[f'{key}/strata_vs_async']:5.2f}  "
+                  f"strata/(2*single) {ratios[f'{key}/strata_vs_linear']:5.2f}", flush=True)
+
+    for k in vec_sizes:
+        n = WORKERS * k
+        batches = action_batches("CartPole-v1", n)
+        strata_vec = measure(lambda k=k: build_strata("CartPole-v1", k, vectorized=True), batches, n, repeats, window)
+        local_vec = measure(lambda k=k: build_vec_local("CartPole-v1", k), batches, n, repeats, window)
+        figures[f"CartPole-v1-vector/{k}/strata"] = strata_vec
+        figures[f"CartPole-v1-vector/{k}/in_process"] = local_vec
+        ratios[f"CartPole-v1-vector/{k}/strata_vs_in_process"] = strata_vec / local_vec
+        print(f"{'CartPole-v1 numpy-vector':26s} 2x{k:<3d} strata {strata_vec:>10,.0f}  "
+              f"in-process make_vec({n}) {local_vec:>10,.0f}  ratio {strata_vec / local_vec:5.2f}", flush=True)
+
+    model = mlp_onnx()
+    for k in inference_sizes:
+        inf = inference_rates(k, model, repeats, window)
+        for name, r in inf.items():
+            figures[f"inference/{k}/{name}"] = r
+        ratios[f"inference/{k}/worker_ort_vs_learner_ort"] = inf["worker_ort"] / inf["learner_ort"]
+        print(f"{'inference CartPole MLP':26s} 2x{k:<3d} " + "  ".join(f"{n} {r:>10,.0f}" for n, r in inf.items()),
+              flush=True)
+
+    goals: dict[str, Any] = {}
+    if "CartPole-v1/1/strata_vs_async" in ratios:
+        goals["cartpole_1_per_worker_vs_async>=3"] = ratios["CartPole-v1/1/strata_vs_async"]
+    if "CartPole-v1/32/strata_vs_async" in ratios:
+        goals["cartpole_32_per_worker_vs_async>=1.25"] = ratios["CartPole-v1/32/strata_vs_async"]
+        goals["cartpole_32_per_worker_vs_2x_single>=0.7"] = ratios["CartPole-v1/32/strata_vs_linear"]
+    heavy = {k: v for k, v in ratios.items() if k.startswith(HEAVY_ID) and k.endswith("strata_vs_linear")}
+    if heavy:
+        goals["heavy_vs_linear>=0.85_best"] = max(heavy.values())
+    print("# goals:", ", ".join(f"{k} = {v:.2f}" for k, v in goals.items()))
+    print(json.dumps({"benchmark": "colocated_throughput", "quick": args.quick, "load_avg": load[0],
+                      "steps_per_s": {k: round(v) for k, v in figures.items()},
+                      "ratios": {k: round(v, 3) for k, v in ratios.items()},
+                      "goals": {k: round(v, 3) for k, v in goals.items()}}))
+
+
+if __name__ == "__main__":
+    main()
