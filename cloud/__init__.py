@@ -2,18 +2,28 @@
 
 from cloud._colocated import ColocatedConfig, PoolCounters, SharedMemoryVectorEnv
 from cloud._decoupled import DecoupledError, FragmentSource, StalenessGate, make_decoupled_vector_env, start_services
+from cloud._envs import make_vector_env
+from cloud._export import ExportError, export_run
 from cloud._paramserver import ParameterServer, ParamServerConfig, ParamServerError
+from cloud._ppo import PPOConfig
+from cloud._train import TrainResult, train
 
 __all__ = [
     "ColocatedConfig",
     "DecoupledError",
+    "ExportError",
     "FragmentSource",
+    "PPOConfig",
     "ParamServerConfig",
     "ParamServerError",
     "ParameterServer",
     "PoolCounters",
     "SharedMemoryVectorEnv",
     "StalenessGate",
+    "TrainResult",
+    "export_run",
     "make_decoupled_vector_env",
+    "make_vector_env",
     "start_services",
+    "train",
 ]

@@ -96,7 +96,8 @@ def _train(args: argparse.Namespace) -> int:
     result = train(env_id=args.env, total_steps=args.total_steps, run_dir=args.run_dir, seed=args.seed,
                    config=config, resume=args.resume, target_return=args.target_return,
                    checkpoint_every=args.checkpoint_every)
-    solved = "" if result.solved_at_step is None else f", reached {args.target_return} at step {result.solved_at_step:,}"
+    solved = ("" if result.solved_at_step is None
+              else f", reached {args.target_return} at step {result.solved_at_step:,}")
     print(f"strata train: {args.env}: policy version {result.policy_version}, {result.global_step:,} env steps, "
           f"mean return (last 20 episodes) {result.mean_return:.1f}{solved}, {result.wall_s:.1f} s")
     print(f"strata train: checkpoint {result.checkpoint}; metrics {args.run_dir / METRICS_FILE}")

@@ -68,7 +68,8 @@ def make_vector_env(
     try:
         envs = VECTOR_ENV_MODES[mode](env_id, num_envs=num_envs, seed=seed)
     except gym.error.DependencyNotInstalled as exc:
-        raise MissingDependencyError(f"make_vector_env: {env_id!r} needs a package that is not installed: {exc}") from exc
+        raise MissingDependencyError(f"make_vector_env: {env_id!r} needs a package that is not installed: "
+                                     f"{exc}") from exc
     try:
         check_spaces(env_id, envs.single_observation_space, envs.single_action_space)
         autoreset = envs.metadata.get("autoreset_mode")

@@ -49,6 +49,11 @@ def build_policy_graph(agent: Agent, *, normalizer_state: dict[str, Any], action
     class PolicyGraph(nn.Module):
         """``obs -> (action[, logits])``: normalisation, actor, deterministic post-processing."""
 
+        obs_mean: torch.Tensor
+        obs_inv_std: torch.Tensor
+        action_low: torch.Tensor
+        action_high: torch.Tensor
+
         def __init__(self) -> None:
             super().__init__()
             self.actor = agent.actor
@@ -98,7 +103,8 @@ def export_onnx(graph: Any, *, obs_shape: tuple[int, ...], action_space: dict[st
         warnings.filterwarnings("ignore", category=DeprecationWarning,
                                 message=r".*(legacy TorchScript-based ONNX export|feature will be removed).*")
         torch.onnx.export(
-            graph, (torch.zeros((1, *obs_shape), dtype=torch.float32),), buffer,
+            # The TorchScript exporter writes to file objects too; its annotation names only paths.
+            graph, (torch.zeros((1, *obs_shape), dtype=torch.float32),), buffer,  # type: ignore[arg-type]
             dynamo=False, opset_version=OPSET, input_names=["obs"], output_names=list(names),
             dynamic_axes={name: {0: "batch"} for name in ("obs", *names)},
         )

@@ -1,0 +1,51 @@
+"""`strata train` and `strata export` as a user runs them: subprocesses with tiny budgets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from device import Bundle
+from tests._cli import run_strata
+
+TINY = ("--num-envs", "2", "--num-steps", "16", "--update-epochs", "1", "--hidden-sizes", "16")
+
+
+def test_train_resume_export(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    first = run_strata("train", "--env", "CartPole-v1", "--algo", "ppo", "--total-steps", "96", "--run-dir", str(run),
+                       "--seed", "3", *TINY)
+    assert first.returncode == 0, first.stderr
+    assert "policy version 3, 96 env steps" in first.stdout
+    assert (run / "checkpoints" / "000000003.pt").exists()
+    second = run_strata("train", "--env", "CartPole-v1", "--total-steps", "160", "--run-dir", str(run), "--resume")
+    assert second.returncode == 0, second.stderr
+    assert "policy version 5, 160 env steps" in second.stdout  # same lineage, the checkpoint's hyperparameters
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in records] == [1, 2, 3, 4, 5]
+
+    out = tmp_path / "cartpole.bundle"
+    exported = run_strata("export", "--run", str(run), "--out", str(out), "--tier", "device")
+    assert exported.returncode == 0, exported.stderr
+    assert f"generated signing key {run / 'keys' / 'strata-signing.key'}" in exported.stdout
+    bundle = Bundle.from_bytes(out.read_bytes())
+    assert (bundle.manifest.version, bundle.manifest.target_tier) == (5, "device")
+    assert bundle.manifest.output_names == ("action", "logits")
+    verified = run_strata("bundle", "verify", str(out), "--trust", str(run / "keys" / "strata-signing.pub"),
+                          "--tier", "device")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_train_refuses_an_unsupported_space(tmp_path: Path) -> None:
+    result = run_strata("train", "--env", "Taxi-v4", "--total-steps", "10", "--run-dir", str(tmp_path / "r"))
+    assert result.returncode == 2
+    assert ("strata train: error: Taxi-v4: observation space Discrete(500) is not supported; strata's PPO needs "
+            "a Box observation space") in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_export_of_an_empty_run_dir_fails_cleanly(tmp_path: Path) -> None:
+    result = run_strata("export", "--run", str(tmp_path), "--out", str(tmp_path / "x.bundle"),
+                        "--key", str(tmp_path / "none.key"))
+    assert result.returncode == 2
+    assert "strata export: error:" in result.stderr and "Traceback" not in result.stderr
