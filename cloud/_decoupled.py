@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from cloud._envs import VECTOR_ENV_MODES
 from cloud._errors import CloudError
 from device import RolloutBatch, require
 from functions._envservice import EnvServiceClient, ServiceUnavailableError, space_from_json
@@ -256,15 +257,16 @@ def make_decoupled_vector_env(env_id: str, *, num_envs: int, seed: int, services
                               autoreset: str = "same_step") -> Any:
     """A `DecoupledVectorEnv` over `services` (``HOST:PORT,...``), or over services it starts itself.
 
-    The `cloud._envs.make_vector_env` builder for ``mode="decoupled"``. With no `services` it starts
-    ``ceil(num_envs / envs_per_service) + spares`` `strata envs serve` subprocesses (``envs_per_service``
-    0: two services) and stops them on ``close()``. The env is reset with `seed` before it is returned.
+    Registered as the `cloud._envs.make_vector_env` builder of ``mode="decoupled"`` (below). With no
+    `services` it starts ``num_envs / envs_per_service + spares`` `strata envs serve` subprocesses
+    (``envs_per_service`` 0: two services when `num_envs` is even, else one) and stops them on
+    ``close()``. The env is reset with `seed` before it is returned.
     """
     started: list[ServiceProcess] = []
     if services:
         addresses = parse_services(services)
     else:
-        per = envs_per_service or max(1, -(-num_envs // 2))
+        per = envs_per_service or (num_envs // 2 if num_envs % 2 == 0 and num_envs > 1 else num_envs)
         if num_envs % per:
             raise DecoupledError(f"make_decoupled_vector_env: num_envs={num_envs} is not a multiple of "
                                  f"envs_per_service={per}")
@@ -402,3 +404,9 @@ class _DecoupledVectorEnvImpl:
             c.close()
         for p in self._owned:
             p.stop()
+
+
+# The learner's env factory is a registry (cloud._envs): this source adds itself, starting its own
+# services. To use running ones: VECTOR_ENV_MODES["decoupled"] = functools.partial(
+# make_decoupled_vector_env, services="HOST:PORT,...").
+VECTOR_ENV_MODES.setdefault("decoupled", make_decoupled_vector_env)

@@ -100,26 +100,39 @@ def test_vector_env_moves_a_dead_services_envs_to_a_spare(services: list[EnvServ
         envs.close()
 
 
-def test_ppo_trains_on_the_decoupled_vector_env(services: list[EnvService], tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """The plug-in of the report: mode "decoupled" in the learner's env registry, nothing else changes."""
-    import functools
-
+def test_ppo_trains_with_env_mode_decoupled(tmp_path: Path) -> None:
+    """The learner, unchanged, on mode "decoupled": the source registered itself and starts its own services."""
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)
-    from cloud import _envs
+    from cloud._envs import VECTOR_ENV_MODES
     from cloud._ppo import PPOConfig
     from cloud._train import train
 
-    addresses = ",".join(s.address for s in services[:2])
-    monkeypatch.setitem(_envs.VECTOR_ENV_MODES, "decoupled",
-                        functools.partial(make_decoupled_vector_env, services=addresses))
+    assert VECTOR_ENV_MODES["decoupled"] is make_decoupled_vector_env
     result = train(env_id="CartPole-v1", total_steps=256, run_dir=tmp_path / "run", seed=0, progress=False,
                    config=PPOConfig(num_envs=4, num_steps=32, update_epochs=1, env_mode="decoupled"),
                    log=lambda line: None)
-    assert result is not None
-    assert sum(s.env_steps for s in services[:2]) >= 256
+    assert result.global_step == 256 and result.policy_version == 2
 
+
+@needs_executor
+def test_bundle_pulled_from_the_parameter_server_by_version(services: list[EnvService], tmp_path: Path) -> None:
+    from cloud._paramserver import ParameterServer
+    from functions._envservice import EnvServiceClient
+
+    server = ParameterServer().start()
+    client = EnvServiceClient(services[0].address)
+    try:
+        as_tensor = lambda b: {"bundle": np.frombuffer(b, dtype=np.uint8)}  # noqa: E731
+        server.push("cartpole", as_tensor(make_bundle(tmp_path, version=1)), version=1)
+        assert client.set_policy(param_server=server.address, policy="cartpole", min_version=1) == 1
+        server.push("cartpole", as_tensor(make_bundle(tmp_path, version=2, seed=1)), version=2)
+        versions = {int(client.rollout(2, refresh_policy=True).policy_version[0, 0]) for _ in range(50)}
+        assert versions == {1, 2} or versions == {2}  # the non-blocking refresh lands within a few calls
+        assert client.spec()["policy_version"] == 2
+    finally:
+        client.close()
+        server.stop(0)
 
 @needs_executor
 def test_fragment_source_tags_versions_and_gates_staleness(services: list[EnvService], tmp_path: Path) -> None:
