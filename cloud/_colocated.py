@@ -33,10 +33,12 @@ traceback (that step's results are lost; the restarted envs report truncated on 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from cloud._envs import VECTOR_ENV_MODES
 from device import ConfigError
 
 if TYPE_CHECKING:
@@ -230,3 +232,33 @@ class SharedMemoryVectorEnv(metaclass=_LazyPoolType):
             copy=copy,
             worker_policy=worker_policy,
         )
+
+
+def build_colocated_vector_env(env_id: str, *, num_envs: int, seed: int, config: ColocatedConfig | None = None) -> Any:
+    """`cloud._envs.make_vector_env`'s ``mode="colocated"`` builder: a SAME_STEP pool, reset with `seed`.
+
+    The envs are split over as many workers as there are CPUs (the largest divisor of `num_envs` not above
+    ``os.cpu_count()``), unless ``config.num_workers`` says otherwise; env ``i`` is reset with ``seed + i``.
+    """
+    import dataclasses
+
+    import gymnasium as gym
+
+    cfg = config or ColocatedConfig()
+    if cfg.num_workers is None:
+        cpus = os.cpu_count() or 1
+        workers = max(w for w in range(1, min(cpus, num_envs) + 1) if num_envs % w == 0)
+        cfg = dataclasses.replace(cfg, num_workers=workers)
+    pool = _impl()(
+        [functools.partial(gym.make, env_id)] * num_envs, config=cfg, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    try:
+        pool.reset(seed=seed)
+    except BaseException:
+        pool.close()
+        raise
+    return pool
+
+
+# Registering a builder is a dict insertion: `make_vector_env(..., mode="colocated")` works once cloud is imported.
+VECTOR_ENV_MODES["colocated"] = build_colocated_vector_env

@@ -304,3 +304,46 @@ def test_spawn_context_and_box_actions() -> None:
     finally:
         pool.close()
         ref.close()
+
+
+def test_make_vector_env_colocated_mode_builds_a_same_step_pool() -> None:
+    from cloud._envs import make_vector_env
+
+    envs = make_vector_env("CartPole-v1", num_envs=4, seed=3, mode="colocated")
+    ref = SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4, autoreset_mode=AutoresetMode.SAME_STEP)
+    try:
+        assert isinstance(envs, SharedMemoryVectorEnv)
+        assert envs.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+        assert envs.get_attr("np_random_seed") == (3, 4, 5, 6)
+        ref.reset(seed=3)
+        actions = np.array([0, 1, 1, 0])
+        for _ in range(30):
+            np.testing.assert_array_equal(envs.step(actions)[0], ref.step(actions)[0])
+    finally:
+        envs.close()
+        ref.close()
+
+
+def test_worker_policy_chooses_actions_in_the_workers() -> None:
+    def policy_factory() -> Any:
+        return lambda obs: (obs[:, 2] > 0).astype(np.int64)  # push towards the side the pole leans to
+
+    pool = SharedMemoryVectorEnv.make("CartPole-v1", num_workers=2, envs_per_worker=2, worker_policy=policy_factory)
+    ref = SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4)
+    try:
+        obs, _ = pool.reset(seed=0)
+        ref_obs, _ = ref.reset(seed=0)
+        for _ in range(50):
+            actions, (obs, *_rest) = pool.act_step()
+            np.testing.assert_array_equal(actions, (ref_obs[:, 2] > 0).astype(np.int64))
+            ref_obs = ref.step(actions)[0]
+            np.testing.assert_array_equal(obs, ref_obs)
+    finally:
+        pool.close()
+        ref.close()
+    plain = SharedMemoryVectorEnv.make("CartPole-v1", num_workers=1, envs_per_worker=1)
+    try:
+        with pytest.raises(PoolStateError, match=re.escape("no worker_policy was given")):
+            plain.act_step()
+    finally:
+        plain.close()
