@@ -11,15 +11,20 @@ import hashlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from typing import TYPE_CHECKING
 
 from device._bundle_errors import KeyFileError
 
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+# cryptography is imported inside the functions that use it: `import device` (for the wire formats, in a
+# Lambda cold start) should not pay for loading OpenSSL.
+
 
 def _key_id(public: Ed25519PublicKey) -> str:
+    from cryptography.hazmat.primitives import serialization
+
     raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()[:16]
 
@@ -34,6 +39,8 @@ class PublicKey:
 
     def verify(self, signature: bytes, message: bytes) -> bool:
         """Return whether `signature` is this key's signature of `message`."""
+        from cryptography.exceptions import InvalidSignature
+
         try:
             self._key.verify(signature, message)
         except InvalidSignature:
@@ -42,6 +49,8 @@ class PublicKey:
 
     def to_pem(self) -> bytes:
         """The key as a PEM SubjectPublicKeyInfo block."""
+        from cryptography.hazmat.primitives import serialization
+
         return self._key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
     def __repr__(self) -> str:
@@ -61,6 +70,8 @@ class SigningKey:
     @classmethod
     def generate(cls) -> SigningKey:
         """A fresh random key (in memory; `generate_keypair` writes one to disk)."""
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
         return cls(Ed25519PrivateKey.generate())
 
     def sign(self, message: bytes) -> bytes:
@@ -69,6 +80,8 @@ class SigningKey:
 
     def to_pem(self) -> bytes:
         """The key as an unencrypted PEM PKCS8 block (keep it secret)."""
+        from cryptography.hazmat.primitives import serialization
+
         return self._key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
@@ -137,10 +150,16 @@ def generate_keypair(out_dir: Path | str, *, name: str = "strata-signing") -> tu
         if path.exists():
             raise KeyFileError(f"generate_keypair: {path} already exists; keys are never overwritten, "
                                "choose another --out folder or --name")
-    out.mkdir(parents=True, exist_ok=True)
     key = SigningKey.generate()
-    _write_new(key_path, key.to_pem(), 0o600)
-    _write_new(pub_path, key.public_key.to_pem(), 0o644)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        _write_new(key_path, key.to_pem(), 0o600)
+        _write_new(pub_path, key.public_key.to_pem(), 0o644)
+    except FileExistsError as exc:
+        raise KeyFileError(f"generate_keypair: {exc.filename} appeared while writing; keys are never "
+                           "overwritten") from exc
+    except OSError as exc:
+        raise KeyFileError(f"generate_keypair: cannot write keys into {out}: {exc.strerror or exc}") from exc
     return key_path, pub_path
 
 
@@ -153,6 +172,9 @@ def _read(path: Path, what: str, call: str) -> bytes:
 
 def load_signing_key(path: Path | str) -> SigningKey:
     """Load an Ed25519 private key from a PEM PKCS8 file written by `generate_keypair`."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     p = Path(path)
     data = _read(p, "private key", "load_signing_key")
     try:
@@ -166,6 +188,9 @@ def load_signing_key(path: Path | str) -> SigningKey:
 
 def load_public_key(path: Path | str) -> PublicKey:
     """Load an Ed25519 public key from a PEM file written by `generate_keypair`."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     p = Path(path)
     data = _read(p, "public key", "load_public_key")
     try:

@@ -228,3 +228,12 @@ def _ec_pem(tmp_path: Path) -> Path:
     path = tmp_path / "ec.key"
     path.write_bytes(pem)
     return path
+
+
+def test_importing_device_does_not_load_cryptography() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, device; print('cryptography' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "False"
