@@ -53,6 +53,7 @@ Signature = Mapping[str, FieldSpec]
 ReplayKind = Literal["local", "shared_memory", "grpc"]
 
 _ALIGN = 64
+_SCALAR_UPDATE_MAX = 16
 _STATE_FORMAT = 1
 
 
@@ -253,6 +254,7 @@ class ReplayTable:
         self._lap = self._arrays.pop("_lap")
         self._tree = self._arrays.pop("_tree")
         self._leaves = self._tree.shape[0] // 2
+        self._tree_mv = memoryview(self._tree)  # type: ignore[arg-type]
         self._depth = int(math.log2(self._leaves)) if self._leaves else 0
         self._item_nbytes = item_nbytes(self.signature)
         self._closed = False
@@ -305,6 +307,7 @@ class ReplayTable:
             return
         self._closed = True
         self._arrays.clear()
+        self._tree_mv.release()
         del self._counters, self._max_priority, self._lap, self._tree
         if self._shm is not None:
             self._shm.close()
@@ -540,9 +543,19 @@ class ReplayTable:
             pause = min(pause * 2, 1e-3)
 
     def _set_leaves(self, slots: np.ndarray, values: np.ndarray) -> None:
+        """Write leaves and recompute their ancestors from their children (exact, no drift from deltas)."""
         pos = slots.astype(np.int64) + self._leaves
+        self._tree[pos] = values
+        if pos.shape[0] <= _SCALAR_UPDATE_MAX:
+            # A few leaves (an actor's single insert): plain Python over a memoryview beats ~4 numpy calls
+            # per tree level by an order of magnitude.
+            mv = self._tree_mv
+            for i in pos.tolist():
+                for _ in range(self._depth):
+                    i >>= 1
+                    mv[i] = mv[2 * i] + mv[2 * i + 1]
+            return
         tree = self._tree
-        tree[pos] = values
         for _ in range(self._depth):
             pos >>= 1
             tree[pos] = tree[2 * pos] + tree[2 * pos + 1]
@@ -557,7 +570,7 @@ class ReplayTable:
             left_sum = tree[left]
             # The second test keeps float32 rounding (u at or past the total) from walking into empty slots.
             go_right = (u >= left_sum) & (tree[left + 1] > 0)
-            u = np.where(go_right, u - left_sum, u)
+            u -= np.where(go_right, left_sum, 0.0)
             idx = left + go_right
         slots: np.ndarray = idx - self._leaves
         return slots
