@@ -136,24 +136,12 @@ def _policy(ref: PolicyRef, envs: list[Any], seeds: tuple[int, ...]) -> tuple[Ac
     cached = _policy_cache.get(digest)
     if cached is not None and (cached[2] is None or time.time() < cached[2]):
         return cached[0], cached[1]
+    from device import NumpyExecutor
+
     bundle = _verifier().verify(data, allow_current=True)
-    executor_cls = _numpy_executor()
-    executor = executor_cls.from_bundle(bundle)
-    act: Act = executor.act
+    act: Act = NumpyExecutor.from_bundle(bundle).act
     _policy_cache[digest] = (act, bundle.manifest.version, bundle.manifest.expires_at)
     return act, bundle.manifest.version
-
-
-def _numpy_executor() -> Any:
-    # device.NumpyExecutor is built in parallel with this module; look it up at call time so the
-    # handler's other policy kinds work before it lands.
-    import device
-
-    executor = getattr(device, "NumpyExecutor", None)
-    if executor is None:
-        raise PolicyUnavailableError("rollout_handler: device.NumpyExecutor is not in this strata build; "
-                                     "upgrade strata, or send {\"kind\": \"random\"} for smoke tests")
-    return executor
 
 
 def _verifier() -> Any:

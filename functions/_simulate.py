@@ -59,14 +59,24 @@ def make_envs(spec: EnvSpec, num_envs: int) -> list[Any]:
 
 
 def random_act(envs: Sequence[Any], seeds: Sequence[int]) -> Act:
-    """An ``act`` that samples each env's action space (seeded per stream)."""
+    """An ``act`` that samples the action space uniformly, seeded by the streams' seeds.
+
+    Discrete and Box spaces are sampled for all streams in one vectorised call; other spaces fall
+    back to each env's own ``action_space.sample()``.
+    """
+    space = envs[0].action_space
+    rng = np.random.default_rng(list(seeds))
+    n = len(envs)
+    if hasattr(space, "n") and not hasattr(space, "low"):
+        start, count = int(getattr(space, "start", 0)), int(space.n)
+        return lambda obs: rng.integers(start, start + count, size=n, dtype=np.int64)
+    if hasattr(space, "low") and hasattr(space, "high") and np.all(np.isfinite(space.low)) and np.all(
+            np.isfinite(space.high)):
+        low, high, dtype = np.asarray(space.low), np.asarray(space.high), space.dtype
+        return lambda obs: rng.uniform(low, high, size=(n, *low.shape)).astype(dtype)
     for env, seed in zip(envs, seeds, strict=True):
         env.action_space.seed(seed)
-
-    def act(obs: np.ndarray) -> np.ndarray:
-        return np.stack([np.asarray(env.action_space.sample()) for env in envs])
-
-    return act
+    return lambda obs: np.stack([np.asarray(env.action_space.sample()) for env in envs])
 
 
 def simulate(request: RolloutRequest, envs: Sequence[Any], act: Act, *, policy_version: int) -> Simulation:
@@ -103,14 +113,17 @@ def simulate(request: RolloutRequest, envs: Sequence[Any], act: Act, *, policy_v
     running = np.zeros(n, np.float64)
     returns: list[float] = []
     pending_action: np.ndarray | None = probe
+    # Discrete actions go to env.step as Python ints (what gymnasium's spaces expect); others as arrays.
+    scalar_int = probe.ndim == 1 and np.issubdtype(act_dtype, np.integer)
     t = 0
     while t < horizon:
         a = pending_action if pending_action is not None else np.asarray(act(obs_now))
         pending_action = None
         obs[t] = obs_now
         actions[t] = a
+        step_actions = a.tolist() if scalar_int else list(a)
         for i, env in enumerate(envs):
-            step_action = a[i].item() if a[i].ndim == 0 and np.issubdtype(a.dtype, np.integer) else a[i]
+            step_action = step_actions[i]
             try:
                 o, r, term, trunc, _ = env.step(step_action)
             except Exception as exc:  # an env may raise anything on a bad action; report it as a result
