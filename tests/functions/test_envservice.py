@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import filecmp
+import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -204,7 +206,8 @@ def test_rollout_fragment_carries_ids_and_policy_version(client: EnvServiceClien
 
 
 def test_generated_code_is_reproducible(tmp_path: Path) -> None:
-    subprocess.run([str(REPO / "scripts" / "gen_proto.sh"), str(tmp_path)], check=True, capture_output=True)
+    subprocess.run([str(REPO / "scripts" / "gen_proto.sh"), str(tmp_path)], check=True, capture_output=True,
+                   env={**os.environ, "PYTHON": sys.executable})
     names = sorted(p.name for p in (REPO / "functions" / "_proto").glob("*.py*"))
     assert names == sorted(p.name for p in tmp_path.glob("*.py*"))
     _, mismatch, errors = filecmp.cmpfiles(REPO / "functions" / "_proto", tmp_path, names, shallow=False)
