@@ -17,6 +17,7 @@ records (WAL with ``synchronous=NORMAL``); a power loss can lose the last commit
 
 from __future__ import annotations
 
+import collections
 import sqlite3
 import threading
 import time
@@ -102,15 +103,18 @@ class Outbox:
         self._db.executescript(_SCHEMA)
         self._in_flight: dict[int, int] = {}  # paho mid -> record id
         self._sent_ids: set[int] = set()
+        self._acks: collections.deque[int] = collections.deque()
 
     def close(self) -> None:
         """Close the database (records stay on disk)."""
         with self._lock:
+            self._apply_acks()
             self._db.close()
 
     def put(self, topic: str, build: Callable[[int], bytes]) -> int | None:
         """Store a record whose payload is ``build(record_id)``; return its id, or None if refused (full)."""
         with self._lock:
+            self._apply_acks()
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 count, size = self._db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM records"
@@ -154,6 +158,7 @@ class Outbox:
         if not link.connected:
             return 0
         with self._lock:
+            self._apply_acks()
             room = self.config.max_in_flight - len(self._in_flight)
             if room <= 0:
                 return 0
@@ -176,17 +181,24 @@ class Outbox:
             return sent
 
     def ack(self, mid: int) -> None:
-        """The broker acknowledged publish `mid`: delete its record."""
-        with self._lock:
-            record_id = self._in_flight.pop(mid, None)
-            if record_id is None:
-                return
-            self._sent_ids.discard(record_id)
-            self._db.execute("DELETE FROM records WHERE id = ?", (record_id,))
+        """The broker acknowledged publish `mid`: its record is deleted at the next outbox call.
+
+        Runs on the link thread inside paho's callback, where paho holds its own message lock; taking the
+        outbox lock here could deadlock with a `pump` that waits in paho's publish, so the mid is queued.
+        """
+        self._acks.append(mid)
+
+    def _apply_acks(self) -> None:
+        while self._acks:
+            record_id = self._in_flight.pop(self._acks.popleft(), None)
+            if record_id is not None:
+                self._sent_ids.discard(record_id)
+                self._db.execute("DELETE FROM records WHERE id = ?", (record_id,))
 
     def stats(self) -> OutboxStats:
         """Pending, in-flight and dropped counts and the bytes held."""
         with self._lock:
+            self._apply_acks()
             count, size = self._db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM records"
                                            ).fetchone()
             (dropped,) = self._db.execute("SELECT value FROM counters WHERE name = 'dropped'").fetchone()

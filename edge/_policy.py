@@ -27,6 +27,7 @@ class OnnxPolicy:
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
+        options.log_severity_level = 3  # errors only: onnxruntime warns on stderr about harmless graph clean-ups
         self.bundle = bundle
         self.policy = bundle.manifest.policy
         self.version = bundle.manifest.version
