@@ -335,14 +335,19 @@ class ReplayTable:
             return False
         try:
             inserts = int(self._counters[0])
-            seq = inserts + np.arange(k, dtype=np.int64)
-            slots = seq % self.config.capacity
-            for name, arr in batch.items():
-                self._arrays[name][slots] = arr
-            self._lap[slots] = seq // self.config.capacity
-            if self._leaves:
-                leaf = np.float32((float(self._max_priority[0]) + self.config.priority_eps) ** self.config.alpha)
-                self._set_leaves(slots, np.full(k, leaf, dtype=np.float32))
+            cap = self.config.capacity
+            first = inserts % cap
+            # At most two contiguous runs of slots (the second after the ring wraps): plain slices, no fancy indexing.
+            runs = [(first, min(first + k, cap), 0)]
+            if first + k > cap:
+                runs.append((0, first + k - cap, cap - first))
+            leaf = np.float32((float(self._max_priority[0]) + self.config.priority_eps) ** self.config.alpha)
+            for lo, hi, offset in runs:
+                for name, arr in batch.items():
+                    self._arrays[name][lo:hi] = arr[offset : offset + hi - lo]
+                self._lap[lo:hi] = (inserts + offset) // cap
+                if self._leaves:
+                    self._set_leaf_run(lo, hi, leaf)
             self._counters[0] = inserts + k
         finally:
             self._lock.release()
@@ -559,6 +564,18 @@ class ReplayTable:
         for _ in range(self._depth):
             pos >>= 1
             tree[pos] = tree[2 * pos] + tree[2 * pos + 1]
+
+    def _set_leaf_run(self, lo: int, hi: int, value: np.float32) -> None:
+        """Set leaves ``lo..hi-1`` to `value`; their ancestors form one contiguous run per level."""
+        if hi - lo <= _SCALAR_UPDATE_MAX:
+            self._set_leaves(np.arange(lo, hi), np.full(hi - lo, value, dtype=np.float32))
+            return
+        tree = self._tree
+        lo, hi = lo + self._leaves, hi - 1 + self._leaves
+        tree[lo : hi + 1] = value
+        for _ in range(self._depth):
+            lo, hi = lo >> 1, hi >> 1
+            tree[lo : hi + 1] = tree[2 * lo : 2 * hi + 2 : 2] + tree[2 * lo + 1 : 2 * hi + 2 : 2]
 
     def _descend(self, targets: np.ndarray) -> np.ndarray:
         """Leaf slot holding each target's prefix-sum mass: one vectorised root-to-leaf walk for the batch."""

@@ -360,3 +360,20 @@ def test_generated_proto_code_is_up_to_date(tmp_path: Path) -> None:
     subprocess.run([str(REPO / "scripts" / "gen_replay_proto.sh"), str(tmp_path)], check=True, capture_output=True)
     for path in sorted((REPO / "cloud" / "_replay_proto").glob("*.py*")):
         assert (tmp_path / path.name).read_text() == path.read_text(), path.name
+
+
+def test_large_inserts_that_wrap_keep_the_tree_and_keys_consistent() -> None:
+    with ReplayTable.create(SIG, ReplayConfig(capacity=64, alpha=1.0, priority_eps=1e-9), seed=0) as table:
+        table.insert(items(0, 50))
+        table.update_priorities(np.arange(50), np.linspace(1.0, 2.0, 50))
+        table.insert(items(50, 50))  # slots 50..63 then 0..35: two runs, the tree updated per run
+        _, arrays = table.export_state()
+        np.testing.assert_array_equal(arrays["step"], np.arange(36, 100))
+        leaves = table._tree[table._leaves : table._leaves + 64].astype(np.float64)
+        assert table._tree[1] == pytest.approx(leaves.sum(), rel=1e-6)
+        for node in range(1, table._leaves):  # every inner node is the sum of its children
+            assert table._tree[node] == pytest.approx(table._tree[2 * node] + table._tree[2 * node + 1], rel=1e-6)
+        batch = table.sample(500)
+        assert batch is not None
+        np.testing.assert_array_equal(batch.keys, batch.data["step"])
+        assert batch.keys.min() >= 36
