@@ -25,8 +25,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bundle_sub = bundle.add_subparsers(dest="bundle_command", metavar="COMMAND", required=True)
     inspect = bundle_sub.add_parser(
         "inspect", help="print a bundle's manifest without verifying it",
-        description="Parse a bundle file and print its manifest, key id and sizes. Checks the format only; "
-        "use `strata bundle verify` to check the signature.")
+        description="Parse a bundle file and print its manifest, key id and sizes, and whether the device "
+        "tier's numpy executor can run its model. Checks the format only; use `strata bundle verify` to check "
+        "the signature.")
     inspect.add_argument("file", type=Path, help="bundle file")
     inspect.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     inspect.set_defaults(func=_bundle_inspect)
@@ -69,20 +70,29 @@ def _read_file(path: Path, command: str) -> bytes:
 
 def _bundle_inspect(args: argparse.Namespace) -> int:
     from device._bundle import Bundle
+    from device._bundle_errors import ModelError
+    from device._executor import NumpyExecutor
 
     data = _read_file(args.file, "strata bundle inspect")
     bundle = Bundle.from_bytes(data)
     m = bundle.manifest
+    try:
+        executor: dict[str, object] = {"ok": True, "plan_steps": NumpyExecutor(bundle.model).num_steps}
+    except ModelError as exc:
+        executor = {"ok": False, "reason": str(exc)}
     summary = {"file": str(args.file), "bytes": len(data), "model_bytes": len(bundle.model),
-               "key_id": bundle.key_id or None, "signed": bundle.signed, "manifest": m.to_json_dict()}
+               "key_id": bundle.key_id or None, "signed": bundle.signed, "manifest": m.to_json_dict(),
+               "numpy_executor": executor}
     if args.json:
         print(json.dumps(summary, sort_keys=True))
         return 0
-    print(f"bundle      {args.file} ({len(data)} bytes, model {len(bundle.model)} bytes)")
-    print(f"signed      {'yes, key ' + bundle.key_id if bundle.signed else 'NO (every verifier refuses it)'}")
+    print(f"bundle            {args.file} ({len(data)} bytes, model {len(bundle.model)} bytes)")
+    print(f"signed            {'yes, key ' + bundle.key_id if bundle.signed else 'NO (every verifier refuses it)'}")
     for name, value in m.to_json_dict().items():
         if name != "format":
             print(f"{name:<18}{json.dumps(value, sort_keys=True)}")
+    runs = f"loads ({executor['plan_steps']} plan steps)" if executor["ok"] else f"cannot run it: {executor['reason']}"
+    print(f"numpy executor    {runs}")
     return 0
 
 

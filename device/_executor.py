@@ -845,9 +845,15 @@ class NumpyExecutor:
                 raise UnsupportedOperatorError(f"NumpyExecutor: opset {version} is older than 7; re-export the "
                                                "policy with opset_version=17")
 
+    def _convert(self, i: int, value: Any) -> Array:
+        try:
+            return np.asarray(value, dtype=self._input_dtypes[i])
+        except (TypeError, ValueError) as exc:
+            raise ModelError(f"NumpyExecutor: input {self.input_names[i]!r} must be numeric array-like of "
+                             f"{self._input_dtypes[i]}, got {type(value).__name__}: {exc}") from exc
+
     def _coerce(self, i: int, value: Any) -> Array:
-        x = value if type(value) is np.ndarray and value.dtype == self._input_dtypes[i] else np.asarray(
-            value, dtype=self._input_dtypes[i])
+        x = value if type(value) is np.ndarray and value.dtype == self._input_dtypes[i] else self._convert(i, value)
         tail = self._input_tails[i]
         if tail is not None and x.shape[1:] != tail:
             raise ModelError(f"NumpyExecutor.run: input {self.input_names[i]!r} has shape {x.shape}, expected "
@@ -881,8 +887,7 @@ class NumpyExecutor:
     def _coerce_obs(self, obs: Any) -> Array:
         if len(self.input_names) != 1:
             raise ModelError(f"NumpyExecutor.act: the graph takes {len(self.input_names)} inputs; use run()")
-        x = obs if type(obs) is np.ndarray and obs.dtype == self._input_dtypes[0] else np.asarray(
-            obs, dtype=self._input_dtypes[0])
+        x = obs if type(obs) is np.ndarray and obs.dtype == self._input_dtypes[0] else self._convert(0, obs)
         tail = self._input_tails[0]
         if tail and x.shape[-len(tail):] != tail:
             raise ModelError(f"NumpyExecutor.act: observation has shape {x.shape}, expected [batch, "

@@ -28,8 +28,10 @@ def test_keys_generate_inspect_verify(tmp_path: Path) -> None:
     assert inspect.returncode == 0, inspect.stderr
     summary = json.loads(inspect.stdout)
     assert summary["key_id"] == key.key_id and summary["manifest"]["version"] == 2
+    assert summary["numpy_executor"]["ok"] is False  # the fake model bytes are not ONNX
     table = run_strata("bundle", "inspect", str(bundle_path))
     assert "target_tier       \"edge\"" in table.stdout
+    assert "numpy executor    cannot run it: NumpyExecutor: malformed ONNX model" in table.stdout
 
     state = tmp_path / "state.json"
     ok = run_strata("bundle", "verify", str(bundle_path), "--trust", str(pub_path), "--tier", "edge",
@@ -41,6 +43,17 @@ def test_keys_generate_inspect_verify(tmp_path: Path) -> None:
     assert "not newer than the highest accepted version 2" in rollback.stderr and "Traceback" not in rollback.stderr
     wrong = run_strata("bundle", "verify", str(bundle_path), "--trust", str(pub_path), "--tier", "device")
     assert wrong.returncode == 2 and "targets tier 'edge'" in wrong.stderr
+
+
+def test_inspect_reports_the_executor_plan(tmp_path: Path) -> None:
+    from tests.device._models import mlp_policy
+
+    path = tmp_path / "real.bundle"
+    path.write_bytes(make_bundle(None, model=mlp_policy(seed=0)).to_bytes())
+    result = run_strata("bundle", "inspect", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "signed            NO (every verifier refuses it)" in result.stdout
+    assert "numpy executor    loads (12 plan steps)" in result.stdout
 
 
 def test_bad_files_exit_2_with_reason(tmp_path: Path) -> None:
