@@ -6,6 +6,8 @@ from cloud._envs import make_vector_env
 from cloud._export import ExportError, export_run
 from cloud._paramserver import ParameterServer, ParamServerConfig, ParamServerError
 from cloud._ppo import PPOConfig
+from cloud._replay import Replay, ReplayConfig, ReplayError, ReplayTable, make_replay, start_replay_server
+from cloud._sac import SACConfig, SACResult, SACTrainer, train_sac
 from cloud._train import TrainResult, train
 
 __all__ = [
@@ -18,12 +20,22 @@ __all__ = [
     "ParamServerError",
     "ParameterServer",
     "PoolCounters",
+    "Replay",
+    "ReplayConfig",
+    "ReplayError",
+    "ReplayTable",
+    "SACConfig",
+    "SACResult",
+    "SACTrainer",
     "SharedMemoryVectorEnv",
     "StalenessGate",
     "TrainResult",
     "export_run",
     "make_decoupled_vector_env",
+    "make_replay",
     "make_vector_env",
+    "start_replay_server",
     "start_services",
     "train",
+    "train_sac",
 ]

@@ -39,12 +39,15 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from multiprocessing import shared_memory
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
 from cloud._errors import CloudError
 from device import ConfigError
+
+if TYPE_CHECKING:
+    from cloud._replay_grpc import ReplayServer
 
 FieldSpec = tuple[tuple[int, ...], str]
 """Shape of one item (without the leading batch axis) and its numpy dtype string."""
@@ -670,3 +673,15 @@ def make_replay(
 
         return GrpcReplayClient(address, signature=signature, config=config)
     raise ConfigError(f"make_replay: kind={kind!r} is unknown; use 'local', 'shared_memory' or 'grpc'")
+
+
+def start_replay_server(
+    signature: Signature, config: ReplayConfig, *, address: str = "127.0.0.1:0", seed: int | None = None
+) -> ReplayServer:
+    """Start a gRPC replay server (decoupled mode) hosting a new table; connect with ``make_replay("grpc", ...)``.
+
+    grpc is imported here, not at module import, so importing the cloud tier stays light.
+    """
+    from cloud._replay_grpc import ReplayServer
+
+    return ReplayServer(signature, config, address=address, seed=seed).start()
