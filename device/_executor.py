@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from device._bundle_errors import ModelError, UnsupportedOperatorError
-from device._onnx_proto import DTYPES, Model, Node, parse_model
+from device._onnx_proto import DTYPES, MAX_TENSOR_ELEMENTS, Model, Node, parse_model
 
 Array = np.ndarray
 F32 = np.dtype(np.float32)
@@ -622,11 +622,19 @@ def _slice(ctx: _Ctx) -> list[str]:
     return [f"{ctx.outs[0]} = {fn}({args})"]
 
 
+def _dims(shape: Array) -> list[int]:
+    """A shape tensor as a list, refusing shapes no policy needs (a malformed model must not exhaust memory)."""
+    dims = [int(d) for d in shape.ravel()]
+    if any(d < 0 for d in dims) or math.prod(dims) > MAX_TENSOR_ELEMENTS:
+        raise ModelError(f"NumpyExecutor: shape {dims} is negative or exceeds {MAX_TENSOR_ELEMENTS} elements")
+    return dims
+
+
 @_op("Expand")
 def _expand(ctx: _Ctx) -> list[str]:
     a, shape = ctx.inp(0), ctx.inp(1)
     ctx.out_dtype = [a.dtype]
-    fn = ctx.bind(lambda x, s: x * np.ones([int(d) for d in s.ravel()], dtype=x.dtype))
+    fn = ctx.bind(lambda x, s: x * np.ones(_dims(s), dtype=x.dtype))
     return [f"{ctx.outs[0]} = {fn}({a.code}, {shape.code})"]
 
 
@@ -669,7 +677,7 @@ def _constant(ctx: _Ctx) -> list[str]:
 def _constant_of_shape(ctx: _Ctx) -> list[str]:
     value = ctx.node.attrs.get("value")
     fill = np.zeros((1,), np.float32) if value is None else value
-    fn = ctx.bind(lambda s: np.full([int(d) for d in s.ravel()], fill.ravel()[0], dtype=fill.dtype))
+    fn = ctx.bind(lambda s: np.full(_dims(s), fill.ravel()[0], dtype=fill.dtype))
     ctx.out_dtype = [fill.dtype]
     return [f"{ctx.outs[0]} = {fn}({ctx.inp(0).code})"]
 
@@ -678,7 +686,13 @@ def _constant_of_shape(ctx: _Ctx) -> list[str]:
 def _range(ctx: _Ctx) -> list[str]:
     s, lim, d = ctx.inp(0), ctx.inp(1), ctx.inp(2)
     ctx.out_rank, ctx.out_dtype = [1], [s.dtype]
-    fn = ctx.bind(lambda a, b, c: np.arange(a, b, c, dtype=a.dtype))
+    def run(a: Array, b: Array, c: Array) -> Array:
+        if c == 0 or abs(float(b) - float(a)) / abs(float(c)) > MAX_TENSOR_ELEMENTS:
+            raise ModelError(f"NumpyExecutor: Range({a}, {b}, {c}) is empty-stepped or too long")
+        out: Array = np.arange(a.item(), b.item(), c.item(), dtype=a.dtype)
+        return out
+
+    fn = ctx.bind(run)
     return [f"{ctx.outs[0]} = {fn}({s.code}, {lim.code}, {d.code})"]
 
 

@@ -116,6 +116,15 @@ def test_tampered_manifest_is_refused(key: SigningKey, verifier: Verifier) -> No
         verifier.verify(evil.to_bytes())
 
 
+def test_signature_from_another_trusted_key_is_tampered(key: SigningKey) -> None:
+    other = SigningKey.generate()
+    signed_by_other = make_bundle(other)
+    claimed = Bundle(signed_by_other.manifest, signed_by_other.model, key.key_id, signed_by_other.signature)
+    verifier = Verifier(trust=TrustStore([key.public_key, other.public_key]), tier="any", clock=lambda: NOW)
+    with pytest.raises(TamperedBundleError, match=re.escape(f"altered after signing by key {key.key_id}")):
+        verifier.verify(claimed.to_bytes())
+
+
 def test_expired_is_refused(key: SigningKey) -> None:
     bundle = make_bundle(key, ttl_s=60)
     trust = TrustStore([key.public_key])

@@ -340,3 +340,25 @@ def test_external_data_and_junk_are_model_errors() -> None:
     proto.graph.initializer.append(tensor)
     with pytest.raises(ModelError, match=re.escape("external")):
         NumpyExecutor(proto.SerializeToString())
+
+
+def test_range_constant_of_shape_expand() -> None:
+    fill = onnx.numpy_helper.from_array(np.array([2.5], np.float32))
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"]),
+             helper.make_node("Range", ["zero", "n", "one"], ["r"]),
+             helper.make_node("ConstantOfShape", ["s"], ["c"], value=fill),
+             helper.make_node("Expand", ["k", "s"], ["e"])]
+    model = make_model(nodes, [("x", TP.FLOAT, ["b", 3])],
+                       [("r", TP.INT64, None), ("c", TP.FLOAT, None), ("e", TP.FLOAT, None)],
+                       [const("zero", np.array(0, np.int64)), const("one", np.array(1, np.int64)),
+                        const("k", np.array([1.0, 2.0, 3.0], np.float32))])
+    for batch in (1, 3):
+        assert_matches_ort(model, {"x": np.ones((batch, 3), np.float32)})
+
+
+def test_shapes_that_would_exhaust_memory_are_refused() -> None:
+    nodes = [helper.make_node("ConstantOfShape", ["huge"], ["y"])]
+    model = make_model(nodes, [("x", TP.FLOAT, [1])], [("y", TP.FLOAT, None)],
+                       [const("huge", np.array([1 << 20, 1 << 20], np.int64))])
+    with pytest.raises(ModelError, match=re.escape("exceeds 67108864 elements")):
+        NumpyExecutor(model)
