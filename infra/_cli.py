@@ -1,9 +1,195 @@
-"""Infra-tier commands."""
+"""Infra-tier commands: `strata infra plan|apply|destroy|rollback|template`.
+
+AWS credentials and endpoints come from the standard chain (environment, config files, instance role)
+and the ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_<SERVICE>`` variables; nothing here reads them.
+Flags not given on the command line default to what the stage's last apply recorded.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_STATE_DIR = ".strata/infra"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the infra tier's commands to the root parser."""
+    from device import add_config_arguments
+    from infra._models import DeployConfig
+    from infra._readback import register as register_readback
+
+    register_readback()  # `strata functions serve --from-endpoint` reads deployments through infra
+
+    infra = sub.add_parser("infra", help="plan, apply, destroy and roll back the AWS deployment",
+                           description="Deploy strata's functions, bucket, role and IoT edge nodes to AWS. "
+                           "Credentials and endpoints come from the standard AWS chain and AWS_ENDPOINT_URL*.")
+    cmds = infra.add_subparsers(dest="infra_command", metavar="ACTION", required=True)
+
+    def common(p: argparse.ArgumentParser, *, full: bool) -> None:
+        p.add_argument("--state-dir", default=DEFAULT_STATE_DIR,
+                       help="folder of the stage state files and node credentials (default: %(default)s)")
+        if full:
+            add_config_arguments(p, DeployConfig)
+        else:
+            p.add_argument("--stage", required=True, help="stage name")
+            p.add_argument("--region", default=None, help="AWS region (default: the standard chain)")
+
+    plan = cmds.add_parser("plan", help="print what apply would change (read-only)",
+                           description="Compare the desired deployment with the recorded state and the live "
+                           "resources and print the diff; drift made outside strata is marked. Changes nothing.")
+    common(plan, full=True)
+    plan.set_defaults(func=_plan)
+
+    apply = cmds.add_parser("apply", help="create or update the stage's resources",
+                            description="Build the function packages, plan, and carry the plan out. Idempotent: "
+                            "a second apply changes nothing; a failed apply completes when run again.")
+    common(apply, full=True)
+    apply.add_argument("--dry-run", action="store_true", help="print each step instead of changing AWS")
+    apply.add_argument("--yes", action="store_true", help="accepted for symmetry; apply does not ask")
+    apply.set_defaults(func=_apply)
+
+    destroy = cmds.add_parser("destroy", help="delete every resource of the stage",
+                              description="Delete the stage's functions, role, IoT things/certificates/policies "
+                              "and its bucket (every object version included). Asks first unless --yes.")
+    common(destroy, full=False)
+    destroy.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    destroy.add_argument("--dry-run", action="store_true", help="print each step instead of changing AWS")
+    destroy.set_defaults(func=_destroy)
+
+    rollback = cmds.add_parser("rollback", help="move the stage alias back to the previous version",
+                               description="Point each function's stage alias at the version it had before the "
+                               "last apply. The next apply moves it forward again. Asks first unless --yes.")
+    common(rollback, full=False)
+    rollback.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    rollback.set_defaults(func=_rollback)
+
+    tmpl = cmds.add_parser("template", help="write the deployment as a CloudFormation template",
+                           description="Write the same deployment as a CloudFormation template (JSON); no AWS "
+                           "call. With --package, also build the functions zip to upload as CodeBucket/CodeKey.")
+    add_config_arguments(tmpl, DeployConfig)
+    tmpl.add_argument("--out", required=True, help="template file to write")
+    tmpl.add_argument("--package", default=None, help="also build the functions zip and write it here")
+    tmpl.set_defaults(func=_template)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    from infra._models import DeployConfig
+
+    given: dict[str, Any] = {}
+    for f in dataclasses.fields(DeployConfig):
+        value = getattr(args, f.name, None)
+        if value is not None:
+            given[f.name] = tuple(value) if isinstance(value, list) else value
+    key = given.get("trusted_public_key")
+    if key and "BEGIN" not in key and Path(key).expanduser().is_file():
+        given["trusted_public_key"] = Path(key).expanduser().read_text()
+    return given
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from infra._deploy import recorded_config
+
+    overrides = _overrides(args)
+    stage = overrides.pop("stage", None) or "dev"
+    return recorded_config(Path(args.state_dir), stage, **overrides)
+
+
+def _confirm(action: str, stage: str, yes: bool) -> None:
+    from infra._errors import InfraError
+
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise InfraError(f"strata infra {action} --stage {stage}: needs confirmation; pass --yes to run it "
+                         "without a terminal")
+    answer = input(f"{action} stage {stage!r}? Type the stage name to confirm: ").strip()
+    if answer != stage:
+        raise InfraError(f"strata infra {action}: not confirmed (typed {answer!r}, expected {stage!r}); nothing "
+                         "was changed")
+
+
+def _progress(step: Any) -> None:
+    if step.action != "no-op":
+        print(f"done: {step.action} {step.kind} {step.name}", flush=True)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from infra._deploy import plan
+
+    print(plan(_config(args), state_dir=Path(args.state_dir)).render())
+    return 0
+
+
+def _apply(args: argparse.Namespace) -> int:
+    from infra._deploy import apply
+    from infra._executor import DryRunExecutor
+
+    config = _config(args)
+    executor = DryRunExecutor(sys.stdout) if args.dry_run else None
+    the_plan = apply(config, state_dir=Path(args.state_dir), executor=executor, after_step=_progress,
+                     before=lambda p: print(p.render(), flush=True))
+    changed = len(the_plan.changes)
+    verb = "would change" if args.dry_run else "changed"
+    print(f"apply: {verb} {changed} resource(s)" if changed else "apply: nothing to do")
+    return 0
+
+
+def _destroy(args: argparse.Namespace) -> int:
+    from infra._deploy import destroy, destroy_plan, recorded_config
+    from infra._executor import DryRunExecutor
+
+    state_dir = Path(args.state_dir)
+    overrides = {"region": args.region} if args.region else {}
+    config = recorded_config(state_dir, args.stage, **overrides)
+    the_plan = destroy_plan(args.stage, state_dir=state_dir, config=config)
+    print(the_plan.render())
+    if not the_plan.changes:
+        print("destroy: nothing to delete")
+        if not args.dry_run:
+            destroy(args.stage, state_dir=state_dir, config=config)  # forget what is recorded but gone
+        return 0
+    if not args.dry_run:
+        _confirm("destroy", args.stage, args.yes)
+    executor = DryRunExecutor(sys.stdout) if args.dry_run else None
+    done = destroy(args.stage, state_dir=state_dir, config=config, executor=executor, after_step=_progress)
+    print(f"destroy: deleted {len(done.changes)} resource(s)")
+    return 0
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    from infra._deploy import rollback, rollback_plan
+
+    state_dir = Path(args.state_dir)
+    the_plan = rollback_plan(args.stage, state_dir=state_dir)
+    print(the_plan.render())
+    _confirm("rollback", args.stage, args.yes)
+    rollback(args.stage, state_dir=state_dir, after_step=_progress)
+    print("rollback: done; the next `strata infra apply` moves the alias forward again")
+    return 0
+
+
+def _template(args: argparse.Namespace) -> int:
+    from infra._deploy import build_artifacts
+    from infra._models import DeployConfig, check_config
+    from infra._template import write_template
+
+    overrides = _overrides(args)
+    config = check_config(DeployConfig(**overrides))
+    out = write_template(config, Path(args.out))
+    print(f"template: wrote {out}")
+    if args.package:
+        import shutil
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            artifact = next(iter(build_artifacts(config, state_dir=Path(tmp)).values()))
+            target = Path(args.package)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(artifact.path, target)
+        print(f"template: wrote {target} ({artifact.zipped_bytes / 1e6:.1f} MB zipped, "
+              f"{artifact.unzipped_bytes / 1e6:.1f} MB unzipped); upload it and pass CodeBucket/CodeKey")
+    return 0

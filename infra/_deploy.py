@@ -58,7 +58,8 @@ def build_artifacts(config: DeployConfig, *, state_dir: Path) -> dict[str, Artif
     """Build (or reuse) the zip of every function of the functions tier."""
     deps = build_dependencies(config.requirements, cache_dir=config.cache_path(), architecture=config.architecture)
     artifact = build_package(deps, build_dir(state_dir, config.stage) / f"functions-{config.architecture}.zip",
-                             what="+".join(f.name for f in FUNCTIONS))
+                             what="+".join(f.name for f in FUNCTIONS),
+                             source_dir=Path(config.source_dir).expanduser() if config.source_dir else None)
     return {spec.name: artifact for spec in FUNCTIONS}  # every handler lives in the same package
 
 
@@ -97,7 +98,7 @@ def execute(plan_: Plan, executor: Executor, store: StateStore, state: State, *,
 
 
 def apply(config: DeployConfig, *, state_dir: Path, aws: Clients | None = None, executor: Executor | None = None,
-          after_step: AfterStep | None = None) -> Plan:
+          after_step: AfterStep | None = None, before: Callable[[Plan], None] | None = None) -> Plan:
     """Plan and carry out the deployment of `config`; return the plan that was executed.
 
     Args:
@@ -106,10 +107,13 @@ def apply(config: DeployConfig, *, state_dir: Path, aws: Clients | None = None, 
         aws: Clients to use (default: built from ``config.region`` and the standard chain).
         executor: Default `AwsExecutor`; pass a `DryRunExecutor` to print instead.
         after_step: Called after each step is recorded (progress output).
+        before: Called with the plan before any step runs (to print it).
     """
     aws = _clients(config, aws)
     store = StateStore(state_dir, config.stage)
     the_plan = plan(config, state_dir=state_dir, aws=aws)
+    if before is not None:
+        before(the_plan)
     state = store.load()
     executor = executor or AwsExecutor(aws, state_dir=state_dir, stage=config.stage)
     if not executor.dry_run:

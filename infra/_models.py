@@ -27,8 +27,10 @@ PLATFORMS: dict[str, str] = {"x86_64": "manylinux2014_x86_64", "arm64": "manylin
 """pip ``--platform`` tag of each Lambda architecture."""
 
 ENV_STAGE = "STRATA_STAGE"
-ENV_BUCKET = "STRATA_BUCKET"
-ENV_TRUSTED_PUBLIC_KEY = "STRATA_TRUSTED_PUBLIC_KEY"
+ENV_BUCKET = "STRATA_RESULT_BUCKET"
+"""The functions' default bucket for large results (``functions._handlers``); also where the zips live."""
+ENV_TRUSTED_PUBLIC_KEY = "STRATA_TRUSTED_KEYS"
+"""PEM of the Ed25519 key(s) bundles must be signed with (``functions._handlers``)."""
 
 _STAGE = re.compile(r"^[a-z0-9][a-z0-9-]{0,19}$")
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -47,6 +49,7 @@ class FunctionSpec:
 
 FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec(name="rollout", handler="functions._handlers.rollout_handler"),
+    FunctionSpec(name="ping", handler="functions._handlers.ping_handler"),
 )
 """The functions tier's Lambda handlers (``functions/_handlers.py``)."""
 SOURCE_PACKAGES: tuple[str, ...] = ("functions", "device")
@@ -78,8 +81,10 @@ class DeployConfig:
     """pip requirements installed into each function zip (built for Lambda's platform, no Docker)."""
     cache_dir: str = ""
     """Where built dependency trees are cached by a hash of the requirement set; default ~/.cache/strata/lambda."""
+    source_dir: str = ""
+    """Folder holding the strata packages to deploy (functions/, device/); default: the installed strata."""
     trusted_public_key: str = ""
-    """Ed25519 public key that bundles must be signed with, passed to the functions as STRATA_TRUSTED_PUBLIC_KEY."""
+    """PEM of the Ed25519 public key bundles must be signed with (or a .pub file's path), set as STRATA_TRUSTED_KEYS."""
 
     # Edge nodes (AWS IoT Core)
     fleet: str = "default"

@@ -92,7 +92,13 @@ def build_dependencies(requirements: Sequence[str], *, cache_dir: Path, architec
     return final
 
 
-def _source_root(package: str) -> Path:
+def _source_root(package: str, source_dir: Path | None) -> Path:
+    if source_dir is not None:
+        root = source_dir / package
+        if not (root / "__init__.py").is_file():
+            raise PackageError(f"build_package: {root} is not a Python package; point --source-dir at the folder "
+                               f"that holds {', '.join(SOURCE_PACKAGES)}")
+        return root
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise PackageError(f"build_package: strata package {package!r} is not importable; install strata "
@@ -111,17 +117,19 @@ def _files(root: Path, arc_prefix: str) -> Iterator[tuple[str, Path]]:
             yield (f"{arc_prefix}/{rel}" if arc_prefix else rel), path
 
 
-def package_entries(deps_dir: Path, packages: Sequence[str] = SOURCE_PACKAGES) -> list[tuple[str, Path]]:
+def package_entries(deps_dir: Path, packages: Sequence[str] = SOURCE_PACKAGES,
+                    source_dir: Path | None = None) -> list[tuple[str, Path]]:
     """Every ``(name in the zip, file)`` of a function package, sorted."""
     entries = dict(_files(deps_dir, ""))
     entries.pop(_MANIFEST, None)
     for package in packages:
-        entries.update(_files(_source_root(package), package))
+        entries.update(_files(_source_root(package, source_dir), package))
     return sorted(entries.items())
 
 
 def build_package(deps_dir: Path, out: Path, *, what: str, packages: Sequence[str] = SOURCE_PACKAGES,
-                  zipped_limit: int = LAMBDA_ZIPPED_LIMIT, unzipped_limit: int = LAMBDA_UNZIPPED_LIMIT) -> Artifact:
+                  source_dir: Path | None = None, zipped_limit: int = LAMBDA_ZIPPED_LIMIT,
+                  unzipped_limit: int = LAMBDA_UNZIPPED_LIMIT) -> Artifact:
     """Zip `deps_dir` plus strata's `packages` into `out` reproducibly and check Lambda's size limits.
 
     Args:
@@ -129,18 +137,19 @@ def build_package(deps_dir: Path, out: Path, *, what: str, packages: Sequence[st
         out: Where the zip goes (written to a temp file, then renamed into place).
         what: The function's name, for error messages.
         packages: strata packages to include as source.
+        source_dir: Folder holding `packages` (default: where Python imports them from).
         zipped_limit: Bytes the zip may have (Lambda: 50 MB).
         unzipped_limit: Bytes its files may have together (Lambda: 250 MB).
 
     Raises:
         PackageTooLargeError: Over either limit; the message gives the measured size and what to drop.
     """
-    entries = package_entries(deps_dir, packages)
+    entries = package_entries(deps_dir, packages, source_dir)
     unzipped = sum(path.stat().st_size for _, path in entries)
     if unzipped > unzipped_limit:
         raise PackageTooLargeError(
             f"build_package({what!r}): the package is {unzipped / MB:.1f} MB unzipped, over Lambda's "
-            f"{unzipped_limit / MB:.0f} MB limit; remove requirements from --requirements or move large "
+            f"{unzipped_limit / MB:g} MB limit; remove requirements from --requirements or move large "
             "data to the stage bucket and fetch it at run time")
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
@@ -159,7 +168,7 @@ def build_package(deps_dir: Path, out: Path, *, what: str, packages: Sequence[st
         if zipped > zipped_limit:
             raise PackageTooLargeError(
                 f"build_package({what!r}): the package is {zipped / MB:.1f} MB zipped, over Lambda's "
-                f"{zipped_limit / MB:.0f} MB limit for a zip package; remove requirements from --requirements "
+                f"{zipped_limit / MB:g} MB limit for a zip package; remove requirements from --requirements "
                 "(each must be needed by the handler) or split the function")
         digest = hashlib.sha256()
         with tmp.open("rb") as f:

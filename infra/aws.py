@@ -74,10 +74,29 @@ def client(service: str, *, region: str | None = None, endpoint_url: str | None 
         options["connect_timeout"] = connect_timeout
     if max_pool_connections is not None:
         options["max_pool_connections"] = max_pool_connections
-    session = boto3.session.Session()
+    session = boto3.session.Session(botocore_session=_botocore_session())
     resolved_region = region or session.region_name or "us-east-1"
     return session.client(service, region_name=resolved_region, endpoint_url=endpoint_url,
                           config=botocore_config.Config(**options))
+
+
+_shared_loader: list[Any] = []
+
+
+def _botocore_session() -> Any:
+    """A fresh botocore session (credentials and config re-read) sharing one data loader.
+
+    Each new session would otherwise parse botocore's service and endpoint JSON again (~0.3 s per
+    client on a loaded 2-core machine); the loader only caches those read-only model files.
+    """
+    import botocore.session
+
+    session = botocore.session.get_session()
+    if _shared_loader:
+        session.register_component("data_loader", _shared_loader[0])
+    else:
+        _shared_loader.append(session.get_component("data_loader"))
+    return session
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,177 @@
+"""The same deployment as a CloudFormation template, built from the same resource models as `plan`/`apply`.
+
+The models are made with ``${AWS::AccountId}`` / ``${AWS::Region}`` / ``${AWS::Partition}`` placeholders,
+and every string holding one becomes an ``Fn::Sub``. The function zip is not inlined: the template takes
+``CodeBucket`` / ``CodeKey`` parameters (upload the zip `strata infra template --package` writes), and each
+edge node's certificate is issued from a CSR parameter, so no private key ever passes through CloudFormation.
+A kind with no template writer raises `UnknownResourceKindError`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from infra._errors import UnknownResourceKindError
+from infra._models import (
+    RUNTIME,
+    Alias,
+    Bucket,
+    DeployConfig,
+    Function,
+    IotCertificate,
+    IotPolicy,
+    IotThing,
+    Resource,
+    Role,
+    desired_resources,
+)
+
+_ACCOUNT = "${AWS::AccountId}"
+_REGION = "${AWS::Region}"
+
+
+def logical_id(prefix: str, name: str) -> str:
+    """A CloudFormation logical id: `prefix` plus the alphanumeric CamelCase of `name`."""
+    return prefix + "".join(part[:1].upper() + part[1:] for part in re.split(r"[^A-Za-z0-9]+", name) if part)
+
+
+def _sub(value: Any) -> Any:
+    """Wrap every string that holds a ``${...}`` placeholder in ``Fn::Sub`` (recursively)."""
+    if isinstance(value, str):
+        value = value.replace("arn:aws:", "arn:${AWS::Partition}:")
+        return {"Fn::Sub": value} if "${" in value else value
+    if isinstance(value, dict):
+        return {k: _sub(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_sub(v) for v in value]
+    return value
+
+
+def _tags(tags: dict[str, str]) -> list[dict[str, str]]:
+    return [{"Key": k, "Value": v} for k, v in sorted(tags.items())]
+
+
+Writer = Callable[[Resource, dict[str, Any]], None]
+
+
+def _bucket(r: Resource, t: dict[str, Any]) -> None:
+    assert isinstance(r, Bucket)
+    t["Resources"]["StageBucket"] = {"Type": "AWS::S3::Bucket", "Properties": {
+        "BucketName": _sub(r.name), "VersioningConfiguration": {"Status": "Enabled"},
+        "PublicAccessBlockConfiguration": {"BlockPublicAcls": True, "IgnorePublicAcls": True,
+                                           "BlockPublicPolicy": True, "RestrictPublicBuckets": True},
+        "Tags": _tags(r.tags)}}
+    t["Outputs"]["BucketName"] = {"Value": {"Ref": "StageBucket"}}
+
+
+def _role(r: Resource, t: dict[str, Any]) -> None:
+    assert isinstance(r, Role)
+    t["Resources"]["ExecutionRole"] = {"Type": "AWS::IAM::Role", "Properties": {
+        "RoleName": _sub(r.name), "AssumeRolePolicyDocument": r.assume_role_policy,
+        "Policies": [{"PolicyName": _sub(r.policy_name), "PolicyDocument": _sub(r.policy)}],
+        "Tags": _tags(r.tags)}}
+
+
+def _function(r: Resource, t: dict[str, Any]) -> None:
+    assert isinstance(r, Function)
+    props: dict[str, Any] = {
+        "FunctionName": r.name, "Runtime": RUNTIME, "Handler": r.handler, "MemorySize": r.memory_mb,
+        "Timeout": r.timeout_s, "Architectures": [r.architecture], "Role": {"Fn::GetAtt": ["ExecutionRole", "Arn"]},
+        "Code": {"S3Bucket": {"Ref": "CodeBucket"}, "S3Key": {"Ref": "CodeKey"}},
+        "Environment": {"Variables": _sub(dict(r.environment))}, "Tags": _tags(r.tags)}
+    if r.reserved_concurrency is not None:
+        props["ReservedConcurrentExecutions"] = r.reserved_concurrency
+    t["Resources"][logical_id("Function", r.name)] = {"Type": "AWS::Lambda::Function", "Properties": props}
+
+
+def _alias(r: Resource, t: dict[str, Any]) -> None:
+    assert isinstance(r, Alias)
+    fn = logical_id("Function", r.function)
+    version = logical_id("Version", r.function)
+    t["Resources"][version] = {"Type": "AWS::Lambda::Version", "Properties": {"FunctionName": {"Ref": fn}}}
+    alias = logical_id("Alias", r.function)
+    t["Resources"][alias] = {"Type": "AWS::Lambda::Alias", "Properties": {
+        "FunctionName": {"Ref": fn}, "FunctionVersion": {"Fn::GetAtt": [version, "Version"]}, "Name": r.alias}}
+    t["Outputs"][alias + "Arn"] = {"Value": {"Ref": alias}}
+
+
+def _iot_policy(r: Resource, t: dict[str, Any]) -> None:
+    assert isinstance(r, IotPolicy)
+    t["Resources"][logical_id("IotPolicy", r.name)] = {"Type": "AWS::IoT::Policy", "Properties": {
+        "PolicyName": r.name, "PolicyDocument": _sub(r.document)}}
+
+
+def _iot_thing(r: Resource, t: dict[str, Any]) -> None:
+    assert isinstance(r, IotThing)
+    t["Resources"][logical_id("Thing", r.name)] = {"Type": "AWS::IoT::Thing", "Properties": {
+        "ThingName": r.name, "AttributePayload": {"Attributes": dict(r.thing_attributes)}}}
+
+
+def _iot_certificate(r: Resource, t: dict[str, Any]) -> None:
+    assert isinstance(r, IotCertificate)
+    csr = logical_id("Csr", r.node)
+    cert = logical_id("Certificate", r.name)
+    t["Parameters"][csr] = {"Type": "String", "Description": f"PEM certificate signing request of edge node "
+                            f"{r.node} (openssl req -new -key node.key -subj /CN={r.node})"}
+    t["Resources"][cert] = {"Type": "AWS::IoT::Certificate", "Properties": {
+        "CertificateSigningRequest": {"Ref": csr}, "Status": "ACTIVE"}}
+    t["Resources"][logical_id("PolicyAttachment", r.name)] = {
+        "Type": "AWS::IoT::PolicyPrincipalAttachment", "Properties": {
+            "PolicyName": {"Ref": logical_id("IotPolicy", r.policy)}, "Principal": {"Fn::GetAtt": [cert, "Arn"]}}}
+    t["Resources"][logical_id("ThingAttachment", r.name)] = {
+        "Type": "AWS::IoT::ThingPrincipalAttachment", "Properties": {
+            "ThingName": {"Ref": logical_id("Thing", r.thing)}, "Principal": {"Fn::GetAtt": [cert, "Arn"]}}}
+    t["Outputs"][cert + "Id"] = {"Value": {"Ref": cert}}
+
+
+WRITERS: dict[str, Writer] = {
+    "s3_bucket": _bucket,
+    "iam_role": _role,
+    "lambda_function": _function,
+    "lambda_alias": _alias,
+    "iot_policy": _iot_policy,
+    "iot_thing": _iot_thing,
+    "iot_certificate": _iot_certificate,
+}
+
+
+def writer_for(kind: str) -> Writer:
+    """The template writer of `kind`; raises `UnknownResourceKindError` rather than leaving a resource out."""
+    try:
+        return WRITERS[kind]
+    except KeyError:
+        raise UnknownResourceKindError(f"writer_for: no CloudFormation writer for resource kind {kind!r} "
+                                       f"(known: {sorted(WRITERS)})") from None
+
+
+def template(config: DeployConfig) -> dict[str, Any]:
+    """The CloudFormation template (as a dict) of the deployment `config` describes."""
+    t: dict[str, Any] = {
+        "AWSTemplateFormatVersion": "2010-09-09",
+        "Description": f"strata stage {config.stage}: bucket, execution role, functions with a stage alias, "
+                       f"{len(config.edge_nodes)} edge node(s) on AWS IoT Core",
+        "Parameters": {
+            "CodeBucket": {"Type": "String", "Description": "Bucket holding the functions zip (not the stage "
+                           "bucket, which this stack creates)"},
+            "CodeKey": {"Type": "String", "Description": "Key of the zip written by `strata infra template "
+                        "--package`"},
+        },
+        "Resources": {},
+        "Outputs": {},
+    }
+    for resource in desired_resources(config, account=_ACCOUNT, region=_REGION, artifacts=None):
+        writer_for(resource.kind)(resource, t)
+    return t
+
+
+def write_template(config: DeployConfig, out: Path) -> Path:
+    """Write the template of `config` to `out` as JSON (temp file renamed into place)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(template(config), indent=2) + "\n")
+    tmp.replace(out)
+    return out
