@@ -14,7 +14,8 @@ workers vs in this process, and co-located inference (an MLP 4-64-64-2 ONNX poli
 learner with onnxruntime (all envs, or double-buffered halves) vs a per-worker copy (onnxruntime or
 strata's numpy-only `device.NumpyExecutor`).
 
-Each figure is the median of `--repeats` timed windows (5 by default, 3 with --quick) on one instance.
+Each figure is the median of `--repeats` timed windows (5 by default, 3 with --quick); within one configuration
+all variants are built first and their windows alternate, so load from other processes hits them alike.
 """
 
 from __future__ import annotations
@@ -88,14 +89,22 @@ def timed(step: Callable[[np.ndarray], Any], batches: list[np.ndarray], n: int, 
             return calls * n / elapsed
 
 
-def measure(build: Callable[[], tuple[Callable[[np.ndarray], Any], Callable[[], None]]], batches: list[np.ndarray],
-            n: int, repeats: int, window_s: float) -> float:
-    step, close = build()
+def interleaved(variants: dict[str, tuple[Callable[[], Any], list[np.ndarray], int]], repeats: int,
+                window_s: float) -> dict[str, float]:
+    """Median steps/s of each variant; all are built first and their windows alternate, so load drift hits all alike."""
+    built: dict[str, tuple[Callable[[np.ndarray], Any], Callable[[], None]]] = {}
     try:
-        timed(step, batches, n, window_s / 4)  # warm-up
-        return statistics.median(timed(step, batches, n, window_s) for _ in range(repeats))
+        for name, (build, batches, n) in variants.items():
+            built[name] = build()
+            timed(built[name][0], batches, n, window_s / 4)  # warm-up
+        samples: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(repeats):
+            for name, (_build, batches, n) in variants.items():
+                samples[name].append(timed(built[name][0], batches, n, window_s))
+        return {name: statistics.median(values) for name, values in samples.items()}
     finally:
-        close()
+        for _step, close in built.values():
+            close()
 
 
 def build_strata(env_id: str, k: int, *, vectorized: bool = False) -> Any:
@@ -131,20 +140,16 @@ def build_vec_local(env_id: str, k: int) -> Any:
     return envs.step, envs.close
 
 
-def single_loop_rate(env_id: str, repeats: int, window_s: float) -> float:
+def build_single(env_id: str) -> Any:
     env = gym.make(env_id)
     env.reset(seed=0)
-    batches = [b[0] for b in action_batches(env_id, 1)]
 
-    def step(action: Any) -> None:
-        _, _, terminated, truncated, _ = env.step(action)
+    def step(actions: np.ndarray) -> None:
+        _, _, terminated, truncated, _ = env.step(actions[0])
         if terminated or truncated:
             env.reset()
 
-    timed(step, batches, 1, window_s / 4)
-    rate = statistics.median(timed(step, batches, 1, window_s) for _ in range(repeats))
-    env.close()
-    return rate
+    return step, env.close
 
 
 # --- co-located inference ------------------------------------------------------------------------------------
@@ -200,7 +205,6 @@ def numpy_policy(model: bytes) -> Callable[[np.ndarray], np.ndarray]:
 def inference_rates(k: int, model: bytes, repeats: int, window_s: float) -> dict[str, float]:
     n = WORKERS * k
     dummy = [np.zeros(n, dtype=np.int64)]
-    out: dict[str, float] = {}
 
     def learner_batched() -> Any:
         pool = SharedMemoryVectorEnv.make("CartPole-v1", num_workers=WORKERS, envs_per_worker=k)
@@ -239,11 +243,12 @@ def inference_rates(k: int, model: bytes, repeats: int, window_s: float) -> dict
         pool.reset(seed=0)
         return (lambda _: pool.act_step()), pool.close
 
-    out["learner_ort"] = measure(learner_batched, dummy, n, repeats, window_s)
-    if k >= 1 and WORKERS * k >= 2:
-        out["learner_ort_halves"] = measure(learner_halves, dummy, n, repeats, window_s)
-    out["worker_ort"] = measure(lambda: per_worker(ort_policy), dummy, n, repeats, window_s)
-    out["worker_numpy"] = measure(lambda: per_worker(numpy_policy), dummy, n, repeats, window_s)
+    out = interleaved({
+        "learner_ort": (learner_batched, dummy, n),
+        "learner_ort_halves": (learner_halves, dummy, n),
+        "worker_ort": (functools.partial(per_worker, ort_policy), dummy, n),
+        "worker_numpy": (functools.partial(per_worker, numpy_policy), dummy, n),
+    }, repeats, window_s)
     return out
 
 
@@ -274,13 +279,17 @@ def main() -> None:
     ratios: dict[str, float] = {}
     rows = []
     for env_id, sizes in matrix.items():
-        single = single_loop_rate(env_id, repeats, window)
-        figures[f"{env_id}/single"] = single
+        single_batches = [b[:1] for b in action_batches(env_id, 1)]
         for k in sizes:
             n = WORKERS * k
             batches = action_batches(env_id, n)
-            rates = {v: measure(functools.partial(builders[v], env_id, k), batches, n, repeats, window)
-                     for v in variants}
+            todo: dict[str, tuple[Callable[[], Any], list[np.ndarray], int]] = {
+                v: (functools.partial(builders[v], env_id, k), batches, n) for v in variants
+            }
+            todo["single"] = (functools.partial(build_single, env_id), single_batches, 1)
+            rates = interleaved(todo, repeats, window)
+            single = rates.pop("single")
+            figures[f"{env_id}/{k}/single"] = single
             for v, r in rates.items():
                 figures[f"{env_id}/{k}/{v}"] = r
             key = f"{env_id}/{k}"
@@ -297,8 +306,11 @@ def main() -> None:
     for k in vec_sizes:
         n = WORKERS * k
         batches = action_batches("CartPole-v1", n)
-        strata_vec = measure(lambda k=k: build_strata("CartPole-v1", k, vectorized=True), batches, n, repeats, window)
-        local_vec = measure(lambda k=k: build_vec_local("CartPole-v1", k), batches, n, repeats, window)
+        vec = interleaved({
+            "strata": (functools.partial(build_strata, "CartPole-v1", k, vectorized=True), batches, n),
+            "local": (functools.partial(build_vec_local, "CartPole-v1", k), batches, n),
+        }, repeats, window)
+        strata_vec, local_vec = vec["strata"], vec["local"]
         figures[f"CartPole-v1-vector/{k}/strata"] = strata_vec
         figures[f"CartPole-v1-vector/{k}/in_process"] = local_vec
         ratios[f"CartPole-v1-vector/{k}/strata_vs_in_process"] = strata_vec / local_vec

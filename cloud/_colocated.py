@@ -56,10 +56,10 @@ class ColocatedConfig:
     """multiprocessing start method (fork, forkserver, spawn); None uses the platform default."""
 
     # Waiting
-    worker_spin_us: float = 50.0
-    """How long a worker polls for its next command before it blocks (microseconds)."""
-    parent_spin_us: float = 20.0
-    """How long the parent polls for a worker's results before it blocks (microseconds)."""
+    worker_spin_us: float = 100.0
+    """How long a worker polls (yielding the CPU) for its next command before it blocks (microseconds)."""
+    parent_spin_us: float = 50.0
+    """How long the parent polls (yielding the CPU) for a worker's results before it blocks (microseconds)."""
 
     # Faults
     step_timeout_s: float = 60.0

@@ -690,7 +690,13 @@ class SharedMemoryVectorEnv(VectorEnv):
         idx = self._slot_indices[slot]
         if kind == 0:
             if slot == ALL:
-                self._actions[...] = actions
+                acts = np.asarray(actions)
+                if acts.shape != self._actions.shape:
+                    raise ValueError(
+                        f"SharedMemoryVectorEnv.{what}: actions must have shape {self._actions.shape} "
+                        f"(action_space.shape) but got {acts.shape}"
+                    )
+                self._actions[...] = acts
             else:
                 acts = np.asarray(actions)
                 if len(acts) != len(idx):

@@ -281,6 +281,8 @@ def test_out_of_order_calls_and_bad_inputs_raise_typed_errors() -> None:
         with pytest.raises(PoolStateError, match=re.escape("SharedMemoryVectorEnv.step_wait: nothing is stepping")):
             pool.step_wait()
         pool.reset(seed=0)
+        with pytest.raises(ValueError, match=re.escape("SharedMemoryVectorEnv.step: actions must have shape (2,)")):
+            pool.step(np.zeros(3, dtype=np.int64))
         pool.step_async(np.zeros(2, dtype=np.int64))
         with pytest.raises(PoolStateError, match=re.escape("SharedMemoryVectorEnv.reset_async: a step or another")):
             pool.reset()
