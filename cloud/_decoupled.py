@@ -28,6 +28,7 @@ from __future__ import annotations
 import queue
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -91,14 +92,20 @@ class ServiceProcess:
                "--port", "0", "--seed", str(seed)]
         if param_server:
             cmd += ["--param-server", param_server, "--policy", policy]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # stderr goes to a file, not a pipe: nobody drains a pipe while the service runs, and a full pipe
+        # would block the service on its next warning.
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives as long as the process; stop closes it)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._stderr, text=True)
         assert self.proc.stdout is not None
         line = ""
         deadline = time.monotonic() + start_timeout_s
         while " on " not in line:
             line = self.proc.stdout.readline()
             if not line and (self.proc.poll() is not None or time.monotonic() > deadline):
-                err = self.proc.stderr.read() if self.proc.stderr else ""
+                self.proc.kill()
+                self.proc.wait()
+                self._stderr.seek(0)
+                err = self._stderr.read()[-2000:]
                 self.stop()
                 raise DecoupledError(f"ServiceProcess: `strata envs serve --env {env_id}` did not start: {err}")
         self.address = line.rsplit(" on ", 1)[1].strip()
@@ -112,9 +119,9 @@ class ServiceProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._stderr.close()
 
 
 def start_services(env_id: str, *, count: int, envs: int, seed: int = 0, param_server: str = "",

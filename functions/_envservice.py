@@ -137,6 +137,9 @@ class EnvService:
         if config.envs < 1:
             raise EnvServiceError(f"EnvService: envs={config.envs} must be at least 1")
         gym = require("gymnasium", extra="functions", purpose="the env service")
+        if env_fn is None and ":" not in config.env and config.env not in gym.registry:
+            raise EnvServiceError(f"EnvService: env {config.env!r} is not a registered gymnasium env id; list them "
+                                  "with `python -c 'import gymnasium; gymnasium.pprint_registry()'`")
         self.config = config
         self.service_id = f"envsvc-{uuid.uuid4().hex[:8]}"
         make = env_fn or (lambda: gym.make(config.env))

@@ -234,3 +234,11 @@ def test_strata_envs_serve_smoke() -> None:
         for s in (proc.stdout, proc.stderr):
             if s is not None:
                 s.close()
+
+
+def test_strata_envs_serve_refuses_an_unknown_env() -> None:
+    from tests._cli import run_strata
+
+    result = run_strata("envs", "serve", "--env", "NoSuchEnv-v0", "--duration", "1", timeout=60)
+    assert result.returncode == 2
+    assert "strata envs: error: EnvService: env 'NoSuchEnv-v0' is not a registered gymnasium env id" in result.stderr
