@@ -183,7 +183,7 @@ def train(
                     solved_at_step, solved_at_s = global_step, elapsed
                 if version % checkpoint_every == 0:
                     last_path = checkpoint()
-            if last_path is None or not last_path.stem.endswith(f"{version:09d}"):
+            if last_path is None or int(last_path.stem) != version:
                 last_path = checkpoint()
     finally:
         envs.close()
