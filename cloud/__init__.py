@@ -8,6 +8,7 @@ from cloud._paramserver import ParameterServer, ParamServerConfig, ParamServerEr
 from cloud._ppo import PPOConfig
 from cloud._replay import Replay, ReplayConfig, ReplayError, ReplayTable, make_replay, start_replay_server
 from cloud._sac import SACConfig, SACResult, SACTrainer, train_sac
+from cloud._serverless import ServerlessConfig, ServerlessError, ServerlessRolloutSource, make_serverless_source
 from cloud._train import TrainResult, train
 
 __all__ = [
@@ -27,12 +28,16 @@ __all__ = [
     "SACConfig",
     "SACResult",
     "SACTrainer",
+    "ServerlessConfig",
+    "ServerlessError",
+    "ServerlessRolloutSource",
     "SharedMemoryVectorEnv",
     "StalenessGate",
     "TrainResult",
     "export_run",
     "make_decoupled_vector_env",
     "make_replay",
+    "make_serverless_source",
     "make_vector_env",
     "start_replay_server",
     "start_services",

@@ -1,0 +1,192 @@
+"""The serverless rollout source over the local function runtime (real boto3, real awslambdaric workers)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from cloud._serverless import (
+    PRICE_PER_GB_S,
+    PRICE_PER_REQUEST,
+    Autoscaler,
+    ServerlessConfig,
+    ServerlessError,
+    ServerlessRolloutSource,
+    ServerlessStats,
+    local_scaling,
+    make_serverless_source,
+)
+from device import RolloutBatch
+from functions._runtime import FaultConfig, FunctionSpec, LocalRuntime, RuntimeConfig, SourceTreeFunctions
+from tests._services import MotoServer
+
+ROLLOUT = "functions._handlers.rollout_handler"
+
+
+@pytest.fixture
+def creds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+
+def start_runtime(faults: FaultConfig, *, concurrency: int = 3, timeout_s: float = 30.0) -> LocalRuntime:
+    spec = FunctionSpec(name="strata-rollout", handler=ROLLOUT, reserved_concurrency=concurrency, timeout_s=timeout_s)
+    return LocalRuntime(SourceTreeFunctions([spec]), config=RuntimeConfig(port=0, async_retry_delay_s=0.05),
+                        faults=faults).start()
+
+
+@pytest.fixture
+def runtime_factory() -> Iterator[list[LocalRuntime]]:
+    started: list[LocalRuntime] = []
+    yield started
+    for rt in started:
+        rt.stop()
+
+
+def config(url: str, **kw: object) -> ServerlessConfig:
+    base = ServerlessConfig(lambda_endpoint_url=url, envs_per_invocation=2, steps_per_invocation=20,
+                            fragment_length=10, max_concurrency=3, target_steps_per_s=1e9, seed=5)
+    return local_scaling(dataclasses.replace(base, **kw))  # type: ignore[arg-type]
+
+
+def assert_exactly_once(batches: list[RolloutBatch], rollouts: int, cfg: ServerlessConfig) -> None:
+    ids = Counter(tid for b in batches for tid in b.transition_ids())
+    assert max(ids.values()) == 1, "a transition was counted twice"
+    expected = {(cfg.source, w, s) for w in range(rollouts * cfg.envs_per_invocation)
+                for s in range(cfg.steps_per_invocation)}
+    assert set(ids) == expected, "a transition was lost"
+
+
+def test_throttles_and_service_errors_lose_nothing_and_count_nothing_twice(creds: None,
+                                                                           runtime_factory: list[LocalRuntime]) -> None:
+    rt = start_runtime(FaultConfig(throttle_rate=0.3, service_error_rate=0.1, seed=1))
+    runtime_factory.append(rt)
+    cfg = config(rt.url)
+    with ServerlessRolloutSource(cfg) as source:
+        source.invoker._sleep = lambda s: None  # backoff is tested in infra; keep this test fast
+        batches = list(source.fragments(count=16))
+        assert len(batches) == 16
+        assert_exactly_once(batches, 8, cfg)
+        assert source.stats.attempts > source.stats.invocations  # the injected faults were retried
+        assert source.stats.rollouts == 8 and source.stats.transitions == 8 * 40
+    assert rt.stats["strata-rollout"].throttles > 0
+
+
+def test_crashed_workers_are_reissued_under_the_same_rollout_id(creds: None,
+                                                                runtime_factory: list[LocalRuntime]) -> None:
+    rt = start_runtime(FaultConfig(crash_rate=0.3, seed=4))
+    runtime_factory.append(rt)
+    cfg = config(rt.url, max_reissues=10)
+    with ServerlessRolloutSource(cfg) as source:
+        batches = list(source.fragments(count=12))
+        assert_exactly_once(batches, 6, cfg)
+        assert source.stats.reissued > 0 and source.stats.function_errors == source.stats.reissued
+
+
+def test_async_duplicate_deliveries_are_dropped_by_rollout_id(aws_env: MotoServer,
+                                                               runtime_factory: list[LocalRuntime]) -> None:
+    import boto3
+
+    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="rollouts")
+    rt = start_runtime(FaultConfig(duplicate_rate=1.0, seed=2))  # every Event is delivered twice
+    runtime_factory.append(rt)
+    cfg = config(rt.url, invocation="async", result_bucket="rollouts", async_poll_s=0.02)
+    with ServerlessRolloutSource(cfg) as source:
+        batches = list(source.fragments(count=8))
+        assert_exactly_once(batches, 4, cfg)
+        stats = rt.stats["strata-rollout"]
+    assert stats.duplicates_injected == 4
+    # every rollout id ran twice and both results reached S3, yet each transition was yielded once
+    s3 = boto3.client("s3", region_name="us-east-1")
+    deadline = time.monotonic() + 10
+    while True:
+        listing = s3.list_objects_v2(Bucket="rollouts", Prefix="strata-rollouts/")
+        markers = [o["Key"] for o in listing["Contents"] if o["Key"].endswith(".json")]
+        if len(markers) == 8 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert len(markers) == 8 and len({m.split("/")[1] for m in markers}) == 4
+
+
+def test_a_refused_rollout_raises_with_the_functions_reason(creds: None, runtime_factory: list[LocalRuntime]) -> None:
+    rt = start_runtime(FaultConfig())
+    runtime_factory.append(rt)
+    with ServerlessRolloutSource(config(rt.url, env_id="NoSuchEnv-v0")) as source, pytest.raises(
+            ServerlessError, match=re.escape("refused the rollout: SimulationError: make_envs: gymnasium.make(")):
+        list(source.fragments(count=1))
+
+
+def test_make_serverless_source_local_starts_and_stops_its_own_runtime(creds: None) -> None:
+    cfg = ServerlessConfig(envs_per_invocation=2, steps_per_invocation=8, max_concurrency=2)
+    source = make_serverless_source("local", cfg)
+    try:
+        batches = list(source.fragments(count=3))
+        assert [b.num_steps for b in batches] == [8, 8, 8]
+        assert source.config.scale_step == 2 and source.stats.cost_usd() > 0
+    finally:
+        source.close()
+    runtime = source._owned  # closed sources drop what they started
+    assert runtime == []
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_autoscaler_derives_concurrency_from_demand_and_ramps() -> None:
+    clock = FakeClock()
+    cfg = ServerlessConfig(target_steps_per_s=100_000, max_concurrency=5000, scale_step=1000, scale_period_s=10,
+                           prior_steps_per_s=10_000)
+    scaler = Autoscaler(cfg, clock=clock)
+    assert scaler.desired() == 10  # 100k / 10k per invocation
+    scaler.observe(steps=2000, invoke_s=1.0, handler_s=0.99)  # an invocation is slower than assumed: 2k steps/s
+    assert scaler.desired() == 50
+    fast = Autoscaler(dataclasses.replace(cfg, target_steps_per_s=1e8), clock=clock)
+    assert fast.desired() == 1000  # Lambda's ramp: +1000 environments per 10 s
+    clock.t = 10.0
+    assert fast.desired() == 2000
+    clock.t = 45.0
+    assert fast.desired() == 5000  # capped by max_concurrency
+
+
+def test_autoscaler_skips_scaling_up_when_cold_starts_would_not_pay_off() -> None:
+    cfg = ServerlessConfig(target_steps_per_s=1e6, max_concurrency=100, scale_step=100, prior_steps_per_s=1000,
+                           cold_start_s=2.0, min_concurrency=2, steps_per_invocation=100, envs_per_invocation=10)
+    scaler = Autoscaler(cfg, clock=FakeClock())
+    # 2 in flight at 1000 steps/s each finish 3000 steps in 1.5 s, sooner than a 2 s cold start
+    assert scaler.desired(remaining_steps=3000) == 2
+    assert scaler.desired(remaining_steps=1_000_000) == 100
+
+
+def test_autoscaler_learns_the_cold_start_cost() -> None:
+    scaler = Autoscaler(ServerlessConfig(cold_start_s=1.0), clock=FakeClock())
+    scaler.observe(steps=100, invoke_s=0.011, handler_s=0.010)
+    scaler.observe(steps=100, invoke_s=0.511, handler_s=0.010)  # 0.5 s of overhead: a cold start
+    assert scaler.cold_start_s == pytest.approx(0.5 * 1.0 + 0.5 * 0.501)
+    assert scaler.per_invocation_steps_per_s == pytest.approx(100 / 0.011)
+
+
+def test_cost_estimate_uses_documented_prices() -> None:
+    stats = ServerlessStats(invocations=1_000_000, gb_seconds=400_000)
+    assert PRICE_PER_GB_S == 0.0000166667 and PRICE_PER_REQUEST == 0.20 / 1_000_000
+    assert stats.cost_usd() == pytest.approx(400_000 * 0.0000166667 + 0.20)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"min_concurrency": 4, "max_concurrency": 2}, "need 1 <= min_concurrency <= max_concurrency, got 4 and 2"),
+    ({"invocation": "async"}, "invocation='async' returns results through S3; set result_bucket"),
+    ({"env_kwargs": "[1]"}, "env_kwargs must be a JSON object, got '[1]'"),
+])
+def test_bad_configs_are_refused(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ServerlessError, match=re.escape(message)):
+        ServerlessConfig(**kwargs)  # type: ignore[arg-type]
