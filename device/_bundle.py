@@ -372,6 +372,17 @@ def _section(buf: bytes, pos: int, what: str, limit: int) -> tuple[bytes, int]:
     return buf[pos : pos + n], pos + n
 
 
+def _as_json(field: str, value: Mapping[str, Any]) -> JSONDict:
+    """`value` as the JSON object it will be after a round trip (tuples become lists, numpy scalars refused)."""
+    try:
+        obj = json.loads(canonical_json(dict(value)))
+    except (TypeError, ValueError) as exc:
+        raise BundleFormatError(f"build_bundle: {field} holds a value JSON cannot carry ({exc}); use plain "
+                                "lists, floats, ints and strings (no NaN)") from exc
+    assert isinstance(obj, dict)
+    return obj
+
+
 def default_producer() -> dict[str, str]:
     """Producer versions every bundle records: strata and python."""
     from importlib import metadata
@@ -424,13 +435,13 @@ def build_bundle(
     manifest = Manifest(
         policy=policy, version=version, parent_version=parent_version,
         model_sha256=hashlib.sha256(model).hexdigest(),
-        observation_space=dict(observation_space), action_space=dict(action_space),
-        preprocessing=dict(preprocessing or {}), created_at=now,
+        observation_space=_as_json("observation_space", observation_space),
+        action_space=_as_json("action_space", action_space),
+        preprocessing=_as_json("preprocessing", preprocessing or {}), created_at=now,
         expires_at=None if ttl_s is None else now + float(ttl_s), target_tier=target_tier,
         producer={**default_producer(), **dict(producer or {})},
         input_name=input_name, output_names=tuple(output_names),
     )
-    manifest.to_bytes()  # refuse non-JSON preprocessing here, not at signing
     if signing_key is None:
         return Bundle(manifest, bytes(model), "", b"")
     signature = signing_key.sign(SIGNATURE_CONTEXT + manifest.to_bytes())

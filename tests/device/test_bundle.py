@@ -175,8 +175,14 @@ def test_manifest_validation_names_the_field(key: SigningKey) -> None:
     bad_space = {**OBS_SPACE, "low": [0.0]}
     with pytest.raises(BundleFormatError, match=re.escape("Box low must be a flat list of 4 numbers")):
         make_bundle(key, observation_space=bad_space)
-    with pytest.raises(BundleFormatError, match=re.escape("JSON cannot carry")):
+    with pytest.raises(BundleFormatError, match=re.escape("build_bundle: preprocessing holds a value JSON cannot")):
         make_bundle(key, preprocessing={"eps": float("nan")})
+
+
+def test_build_bundle_normalises_json_values(key: SigningKey) -> None:
+    bundle = make_bundle(key, observation_space={**OBS_SPACE, "shape": (4,)}, preprocessing={"mean": (0.0, 1.0)})
+    assert bundle.manifest.observation_space["shape"] == [4]
+    assert Bundle.from_bytes(bundle.to_bytes()) == bundle
 
 
 def test_space_json_helpers() -> None:
