@@ -81,6 +81,8 @@ class SACConfig:
     """Priority exponent of prioritized replay."""
     per_beta_start: float = 0.4
     """Importance-sampling exponent at the start; annealed linearly to 1 over the run."""
+    rate_limit_slack: float = 2.0
+    """Rate limiter's error buffer in sample batches: how far inserting actors may run ahead or behind."""
     replay: Literal["local", "shared_memory", "grpc"] = "shared_memory"
     """Replay deployment: in this process's memory, in shared memory, or behind a gRPC replay server."""
     replay_address: str = ""
@@ -102,6 +104,9 @@ class SACConfig:
                 raise ConfigError(f"SACConfig: {name}={getattr(self, name)} must be at least 1")
         if not 0.0 < self.tau <= 1.0:
             raise ConfigError(f"SACConfig: tau={self.tau} must lie in (0, 1]")
+        if self.rate_limit_slack < 1.0:
+            raise ConfigError(f"SACConfig: rate_limit_slack={self.rate_limit_slack} must be at least 1 (one batch), "
+                              "or inserts and samples could both wait forever")
         if self.learning_starts < self.batch_size:
             raise ConfigError(f"SACConfig: learning_starts={self.learning_starts} is below batch_size="
                               f"{self.batch_size}; collect at least one batch before learning")
@@ -109,10 +114,12 @@ class SACConfig:
     def replay_config(self) -> ReplayConfig:
         """The replay table this config trains from (derived values live here, in one place)."""
         # One gradient step of batch_size samples per env step: the rate limiter holds exactly that
-        # ratio, with two batches of slack, so decoupled actors can neither starve nor outrun the learner.
+        # ratio, with rate_limit_slack batches of slack, so decoupled actors can neither starve nor
+        # outrun the learner.
         spi = float(self.batch_size)
         return ReplayConfig(capacity=self.buffer_size, prioritized=self.prioritized, alpha=self.per_alpha,
-                            min_size_to_sample=self.learning_starts, samples_per_insert=spi, error_buffer=2 * spi)
+                            min_size_to_sample=self.learning_starts, samples_per_insert=spi,
+                            error_buffer=self.rate_limit_slack * spi)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready field values."""
