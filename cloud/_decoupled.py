@@ -199,6 +199,17 @@ class FragmentSource:
         self.learner_version = max(self.learner_version, version)
         return version
 
+    def revive(self, timeout_s: float = 0.5) -> list[str]:
+        """Health-check the dead services (a restarted one on the same address); return those back in use."""
+        back = []
+        for i, ok in enumerate(self._alive):
+            c = self.clients[i]
+            if not ok and c.health(timeout_s):
+                self._alive[i] = True
+                self.stats.dead.remove(c.target)
+                back.append(c.target)
+        return back
+
     def _mark_dead(self, i: int) -> None:
         if self._alive[i]:
             self._alive[i] = False

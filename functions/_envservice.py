@@ -531,8 +531,9 @@ class EnvServiceClient:
                 return False
         try:
             stub = health_pb2_grpc.HealthStub(self._channel)
+            # wait_for_ready: a channel in reconnect backoff (the service restarted) waits for it, up to the deadline
             reply = stub.Check(health_pb2.HealthCheckRequest(service="strata.env.v1.EnvService"),
-                               timeout=timeout_s or self.timeout_s)
+                               timeout=timeout_s or self.timeout_s, wait_for_ready=True)
         except self._grpc.RpcError:
             return False
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)

@@ -175,3 +175,24 @@ def test_fragments_of_a_dead_or_hung_service_are_reissued(failure: str, tmp_path
             os.kill(procs[0].proc.pid, signal.SIGCONT)
         for p in procs:
             p.stop()
+
+
+@needs_executor
+def test_a_restarted_service_is_revived(services: list[EnvService], tmp_path: Path) -> None:
+    src = FragmentSource([s.address for s in services[:2]], steps=2, timeout_s=2.0)
+    try:
+        bundle = make_bundle(tmp_path, version=1)
+        src.set_policy(bundle)
+        port = services[0].port
+        services[0].stop(0)
+        for _ in src.fragments():
+            if src.stats.dead:
+                break
+        assert src.revive() == []  # still down
+        services[0] = EnvService(EnvServiceConfig(envs=2, port=port)).start()
+        services[0].load_bundle(bundle)
+        assert src.revive(timeout_s=5.0) == [services[0].address] and src.stats.dead == []
+        sources = {b.source for b in src.fragments(8)}
+        assert services[0].service_id in sources
+    finally:
+        src.close()
