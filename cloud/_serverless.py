@@ -365,6 +365,8 @@ class ServerlessRolloutSource:
                               s3_prefix=c.result_prefix))
 
     def _run(self, index: int, event: dict[str, Any]) -> _Done:
+        from botocore.exceptions import BotoCoreError
+
         from infra import InfraError
 
         payload = json.dumps(event).encode()
@@ -376,6 +378,10 @@ class ServerlessRolloutSource:
         except InfraError as exc:
             raise ServerlessError(f"ServerlessRolloutSource: invoking {self.config.function_name!r} failed: "
                                   f"{exc}") from exc
+        except BotoCoreError as exc:  # no credentials, bad region: nothing a retry would fix
+            raise ServerlessError(f"ServerlessRolloutSource: invoking {self.config.function_name!r} failed: "
+                                  f"{type(exc).__name__}: {exc}; configure AWS credentials and region (any "
+                                  "non-empty credentials work for the local runtime)") from exc
         if self.config.invocation == "async":
             return self._await_async(index, event["rollout_id"], started, out.attempts)
         if not out.ok:

@@ -1,0 +1,186 @@
+"""Serverless scaling on the local function runtime: invoke overhead, cold vs warm, rollout throughput.
+
+Measured in one run against its baselines:
+
+1. warm invoke overhead: boto3 ``lambda.invoke`` of `functions._handlers.ping_handler` through
+   `strata functions serve`'s runtime (HTTP -> warm awslambdaric worker -> HTTP), against calling the
+   handler in-process; overhead = p50(invoke) - p50(in-process). Goal: <= 2 ms p50.
+2. cold vs warm: the first invocation of a fresh function (worker start, awslambdaric, imports)
+   against warm ones, for the ping and the rollout handler.
+3. rollout throughput of `cloud._serverless.ServerlessRolloutSource` at concurrency 1, 2, 4, 8 (CartPole,
+   random policy) against the handler in-process on one core; scaling efficiency = throughput(c) /
+   (c * throughput(1)). Goal: >= 0.8 at concurrency = cores.
+
+Run: ``.venv/bin/python benchmarks/serverless_scaling.py [--quick]``; the last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import statistics
+import time
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+from cloud._serverless import ServerlessConfig, ServerlessRolloutSource, local_scaling
+from functions._handlers import ping_handler, rollout_handler
+from functions._runtime import FunctionSpec, LocalRuntime, RuntimeConfig, SourceTreeFunctions
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def lambda_client(url: str, pool: int = 10) -> Any:
+    return boto3.client("lambda", endpoint_url=url, region_name="us-east-1", aws_access_key_id="bench",
+                        aws_secret_access_key="bench",
+                        config=Config(retries={"total_max_attempts": 1}, max_pool_connections=pool, read_timeout=120))
+
+
+def rollout_event(envs: int, steps: int, seed: int = 0) -> dict[str, Any]:
+    return {"rollout_id": f"bench-{seed}", "env": {"id": "CartPole-v1"}, "num_envs": envs, "seed": seed,
+            "steps": steps, "policy": {"kind": "random"}}
+
+
+def measure_overhead(url: str, n: int) -> dict[str, float]:
+    """Interleave in-process calls, raw HTTP invokes and boto3 invokes; p50/p99 of each."""
+    client = lambda_client(url)
+    host, port = url.split("//")[1].rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port))
+    payload = {"n": 1}
+    body = json.dumps(payload).encode()
+
+    def raw() -> None:
+        conn.request("POST", "/2015-03-31/functions/ping/invocations", body=body,
+                     headers={"Content-Type": "application/json"})
+        conn.getresponse().read()
+
+    for _ in range(30):
+        client.invoke(FunctionName="ping", Payload=body)["Payload"].read()
+        raw()
+    inproc, http_raw, invoke = [], [], []
+    for _ in range(n):
+        t = time.perf_counter()
+        json.loads(json.dumps(ping_handler(json.loads(body), None)))
+        inproc.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        raw()
+        http_raw.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        client.invoke(FunctionName="ping", Payload=body)["Payload"].read()
+        invoke.append(time.perf_counter() - t)
+    conn.close()
+    out = {}
+    for name, xs in (("inproc", inproc), ("raw_http", http_raw), ("invoke", invoke)):
+        out[f"{name}_p50_ms"], out[f"{name}_p99_ms"] = pct(xs, 0.5) * 1e3, pct(xs, 0.99) * 1e3
+    out["overhead_p50_ms"] = out["invoke_p50_ms"] - out["inproc_p50_ms"]
+    out["overhead_p99_ms"] = out["invoke_p99_ms"] - out["inproc_p99_ms"]
+    out["runtime_overhead_p50_ms"] = out["raw_http_p50_ms"] - out["inproc_p50_ms"]
+    return out
+
+
+def measure_cold(repeats: int) -> dict[str, float]:
+    names = [f"ping{i}" for i in range(repeats)] + [f"roll{i}" for i in range(repeats)]
+    specs = [FunctionSpec(name=n, handler="functions._handlers." + ("ping_handler" if n.startswith("ping")
+                                                                   else "rollout_handler")) for n in names]
+    out: dict[str, list[float]] = {"ping_cold": [], "ping_warm": [], "rollout_cold": [], "rollout_warm": []}
+    with LocalRuntime(SourceTreeFunctions(specs), config=RuntimeConfig(port=0)) as rt:
+        client = lambda_client(rt.url)
+        for name in names:
+            kind = "ping" if name.startswith("ping") else "rollout"
+            body = json.dumps(rollout_event(1, 10) if kind == "rollout" else {}).encode()
+            for i in range(4):
+                t = time.perf_counter()
+                client.invoke(FunctionName=name, Payload=body)["Payload"].read()
+                out[f"{kind}_{'cold' if i == 0 else 'warm'}"].append(time.perf_counter() - t)
+    return {f"{k}_ms": statistics.median(v) * 1e3 for k, v in out.items()}
+
+
+def inproc_throughput(envs: int, steps: int, rounds: int) -> float:
+    rollout_handler(rollout_event(envs, steps), None)
+    t = time.perf_counter()
+    for r in range(rounds):
+        rollout_handler(rollout_event(envs, steps, seed=r), None)
+    return envs * steps * rounds / (time.perf_counter() - t)
+
+
+def source_throughput(concurrency: int, envs: int, steps: int, rollouts: int) -> dict[str, float]:
+    spec = FunctionSpec(name="strata-rollout", handler="functions._handlers.rollout_handler",
+                        reserved_concurrency=concurrency)
+    with LocalRuntime(SourceTreeFunctions([spec]), config=RuntimeConfig(port=0)) as rt:
+        cfg = local_scaling(ServerlessConfig(lambda_endpoint_url=rt.url, envs_per_invocation=envs,
+                                             steps_per_invocation=steps, min_concurrency=concurrency,
+                                             max_concurrency=concurrency, target_steps_per_s=1e12))
+        with ServerlessRolloutSource(cfg) as source:
+            for _ in source.fragments(count=concurrency):  # warm every worker
+                pass
+            t = time.perf_counter()
+            n = sum(b.size for b in source.fragments(count=rollouts))
+            elapsed = time.perf_counter() - t
+            return {"steps_per_s": n / elapsed, "gb_seconds": source.stats.gb_seconds,
+                    "cost_usd": source.stats.cost_usd(), "invocations": source.stats.invocations}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small budgets: done in under a minute")
+    args = parser.parse_args()
+    q = args.quick
+    # boto3 signs every request; the local runtime accepts any credentials (as moto does).
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    cores = os.cpu_count() or 1
+    n_overhead = 300 if q else 2000
+    envs, steps = 8, (128 if q else 256)
+
+    specs = [FunctionSpec(name="ping", handler="functions._handlers.ping_handler")]
+    with LocalRuntime(SourceTreeFunctions(specs), config=RuntimeConfig(port=0)) as rt:
+        overhead = measure_overhead(rt.url, n_overhead)
+    print(f"{'warm invoke (ping)':<34}{'p50 ms':>10}{'p99 ms':>10}")
+    print(f"{'  in-process handler call':<34}{overhead['inproc_p50_ms']:>10.3f}{overhead['inproc_p99_ms']:>10.3f}")
+    print(f"{'  raw HTTP invoke, local runtime':<34}{overhead['raw_http_p50_ms']:>10.3f}"
+          f"{overhead['raw_http_p99_ms']:>10.3f}")
+    print(f"{'  boto3 invoke, local runtime':<34}{overhead['invoke_p50_ms']:>10.3f}{overhead['invoke_p99_ms']:>10.3f}")
+    print(f"{'  overhead (boto3 - in-process)':<34}{overhead['overhead_p50_ms']:>10.3f}"
+          f"{overhead['overhead_p99_ms']:>10.3f}")
+
+    cold = measure_cold(2 if q else 5)
+    print(f"\n{'cold vs warm (median ms)':<34}{'cold':>10}{'warm':>10}{'ratio':>10}")
+    for kind in ("ping", "rollout"):
+        c, w = cold[f"{kind}_cold_ms"], cold[f"{kind}_warm_ms"]
+        print(f"{'  ' + kind:<34}{c:>10.1f}{w:>10.2f}{c / w:>10.0f}x")
+
+    base = inproc_throughput(envs, steps, 6 if q else 20)
+    print(f"\nrollout throughput (CartPole, random policy, {envs} envs x {steps} steps per invocation, "
+          f"{cores} cores)")
+    print(f"{'  in-process handler, 1 core':<34}{base:>12.0f} steps/s")
+    rows: dict[str, Any] = {}
+    one = None
+    for c in (1, 2, 4, 8):
+        r = source_throughput(c, envs, steps, (3 if q else 8) * c)
+        one = one or r["steps_per_s"]
+        eff = r["steps_per_s"] / (c * one)
+        rows[str(c)] = {"steps_per_s": round(r["steps_per_s"]), "efficiency": round(eff, 3),
+                        "vs_inproc": round(r["steps_per_s"] / base, 3), "cost_usd": r["cost_usd"]}
+        print(f"{'  concurrency ' + str(c):<34}{r['steps_per_s']:>12.0f} steps/s  efficiency {eff:5.2f}  "
+              f"x{r['steps_per_s'] / base:4.2f} of in-process  est. AWS cost ${r['cost_usd']:.7f}")
+    at_cores = rows[str(min((1, 2, 4, 8), key=lambda c: abs(c - cores)))]
+    figures = {"benchmark": "serverless_scaling", "quick": q, "cores": cores,
+               **{k: round(v, 4) for k, v in overhead.items()},
+               **{k: round(v, 2) for k, v in cold.items()},
+               "inproc_steps_per_s": round(base), "throughput": rows,
+               "efficiency_at_cores": at_cores["efficiency"],
+               "goal_overhead_p50_le_2ms": overhead["overhead_p50_ms"] <= 2.0,
+               "goal_efficiency_at_cores_ge_0_8": at_cores["efficiency"] >= 0.8}
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
