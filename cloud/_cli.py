@@ -105,9 +105,13 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from cloud._checkpoint import latest_checkpoint
     from cloud._export import export_run, write_bundle
-    from device import generate_keypair, load_signing_key
+    from device import ConfigError, generate_keypair, load_signing_key
 
+    if latest_checkpoint(args.run) is None:  # before any key is generated into a dir that is not a run
+        raise ConfigError(f"--run {str(args.run)!r} has no checkpoints; train one first with "
+                          "`strata train --run-dir DIR ...`")
     key_path: Path = args.key
     if key_path is None:
         key_dir = args.run / "keys"

@@ -35,7 +35,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, kw_only=True)
 class PPOConfig:
-    """Hyperparameters of strata's PPO. Defaults solve CartPole-v1 in about 100k env steps."""
+    """Hyperparameters of strata's PPO.
+
+    The defaults are tuned for sample efficiency and wall-clock speed on small classic-control tasks
+    (many short rollouts, 20 epochs of one full-batch step each, lr 1e-3 annealed): they solve
+    CartPole-v1 (20-episode mean >= 475) in about 30k env steps. Longer-horizon or continuous tasks
+    want bigger batches and minibatches (see tests/cloud/test_ppo_solves.py for Pendulum-v1).
+    """
 
     # --- rollout ---
     num_envs: int = 8

@@ -201,3 +201,18 @@ def test_resume_continues_the_version_lineage(tmp_path: Path) -> None:
 def test_resume_without_checkpoint_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=re.escape("--resume given but run dir")):
         train(env_id="CartPole-v1", total_steps=100, run_dir=tmp_path, resume=True, progress=False)
+
+
+
+def test_progress_bar_and_progress_lines(tmp_path: Path) -> None:
+    from cloud._train import _Progress
+
+    config = PPOConfig(num_envs=2, num_steps=16, update_epochs=1, hidden_sizes=(8,))
+    result = train(env_id="CartPole-v1", total_steps=64, run_dir=tmp_path, config=config, progress=True)
+    assert result.global_step == 64  # the rich bar ran without getting in the way
+    lines: list[str] = []
+    with _Progress(1000, 0, enabled=False, log=lines.append, env_id="CartPole-v1", every_s=0.0) as progress:
+        progress.update(512, float("nan"), 1234.5)
+        progress.update(1000, 77.25, 2345.0)
+    assert lines == ["train CartPole-v1: step 512/1,000  return(20) -  1,234 steps/s",
+                     "train CartPole-v1: step 1,000/1,000  return(20) 77.2  2,345 steps/s"]
