@@ -113,6 +113,7 @@ def read_back(name: str, *, qualifier: str | None = None, endpoint_url: str | No
         raise InfraError(f"read_back({name!r}): the downloaded zip has sha256 {sha}, but Lambda deployed "
                          f"{configuration.get('CodeSha256')}; refusing to run it")
     base = work_dir or Path(tempfile.mkdtemp(prefix="strata-deployed-"))
+    base.mkdir(parents=True, exist_ok=True)
     code_dir = base / f"{name}-{base64.b64decode(sha).hex()[:16]}"
     if not code_dir.exists():
         tmp = Path(tempfile.mkdtemp(dir=base, prefix=".unzip-"))

@@ -1,0 +1,107 @@
+"""Subprocess smoke tests of `strata infra ...` against the moto server, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+
+from tests._cli import STRATA, run_strata
+from tests._services import MotoServer
+
+
+def flags(state_dir: Path, cache_dir: Path, source_snapshot: Path, *extra: str) -> list[str]:
+    return ["--stage", "smoke", "--state-dir", str(state_dir), "--cache-dir", str(cache_dir),
+            "--source-dir", str(source_snapshot), *extra]
+
+
+def test_plan_apply_apply_rollback_destroy(aws_env: MotoServer, tmp_path: Path, cache_dir: Path,
+                                           source_snapshot: Path) -> None:
+    state = tmp_path / "state"
+    base = flags(state, cache_dir, source_snapshot)
+    r = run_strata("infra", "plan", *base, "--edge-nodes", "n1", "--memory-mb", "256")
+    assert r.returncode == 0, r.stderr
+    assert "9 to create" in r.stdout and "+ lambda_function strata-smoke-rollout" in r.stdout
+    r = run_strata("infra", "apply", *base, "--edge-nodes", "n1", "--memory-mb", "256")
+    assert r.returncode == 0, r.stderr
+    assert "apply: changed 9 resource(s)" in r.stdout
+    creds = json.loads((state / "smoke" / "iot" / "n1" / "credentials.json").read_text())
+    assert creds["node"] == "n1" and creds["kind"] == "strata-aws-iot-credentials"
+    # No flags: the recorded config is reused, and nothing changes.
+    r = run_strata("infra", "apply", "--stage", "smoke", "--state-dir", str(state))
+    assert r.returncode == 0, r.stderr
+    assert "apply: nothing to do" in r.stdout
+    r = run_strata("infra", "rollback", "--stage", "smoke", "--state-dir", str(state), "--yes")
+    assert r.returncode == 2 and "has an earlier version to go back to" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = run_strata("infra", "apply", "--stage", "smoke", "--state-dir", str(state), "--memory-mb", "384")
+    assert r.returncode == 0 and "target.memory_mb: 256 -> 384" in r.stdout, r.stdout + r.stderr
+    r = run_strata("infra", "rollback", "--stage", "smoke", "--state-dir", str(state), "--yes")
+    assert r.returncode == 0, r.stderr
+    assert "rollback: version 2 -> 1" in r.stdout
+    lam = boto3.client("lambda", region_name="us-east-1")
+    assert lam.get_alias(FunctionName="strata-smoke-rollout", Name="smoke")["FunctionVersion"] == "1"
+    r = run_strata("infra", "destroy", "--stage", "smoke", "--state-dir", str(state))  # stdin is not a terminal
+    assert r.returncode == 2
+    assert "strata infra destroy --stage smoke: needs confirmation; pass --yes" in r.stderr
+    r = run_strata("infra", "destroy", "--stage", "smoke", "--state-dir", str(state), "--yes")
+    assert r.returncode == 0, r.stderr
+    assert "destroy: deleted 9 resource(s)" in r.stdout
+    assert lam.list_functions()["Functions"] == [] and not (state / "smoke.json").exists()
+
+
+def test_a_bad_setting_is_one_clean_error_line(aws_env: MotoServer, tmp_path: Path) -> None:
+    r = run_strata("infra", "plan", "--stage", "smoke", "--state-dir", str(tmp_path), "--timeout-s", "1200")
+    assert r.returncode == 2
+    assert re.search(r"^strata infra: error: DeployConfig.timeout_s=1200 is outside Lambda's range", r.stderr, re.M)
+    assert "Traceback" not in r.stderr
+
+
+def test_apply_dry_run_changes_nothing(aws_env: MotoServer, tmp_path: Path, cache_dir: Path,
+                                       source_snapshot: Path) -> None:
+    r = run_strata("infra", "apply", *flags(tmp_path / "state", cache_dir, source_snapshot), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "would create s3_bucket strata-smoke-" in r.stdout and "apply: would change 6 resource(s)" in r.stdout
+    assert boto3.client("lambda", region_name="us-east-1").list_functions()["Functions"] == []
+
+
+def test_template_writes_a_cfn_lint_clean_template_and_the_zip(tmp_path: Path, cache_dir: Path,
+                                                               source_snapshot: Path) -> None:
+    out, zipped = tmp_path / "stack.json", tmp_path / "functions.zip"
+    r = run_strata("infra", "template", "--stage", "prod", "--edge-nodes", "n1", "--out", str(out),
+                   "--package", str(zipped), "--cache-dir", str(cache_dir), "--source-dir", str(source_snapshot))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["AWSTemplateFormatVersion"] == "2010-09-09" and zipped.stat().st_size > 0
+    lint = subprocess.run([str(Path(sys.executable).with_name("cfn-lint")), str(out)], capture_output=True,
+                          text=True, timeout=120)
+    assert lint.returncode == 0, lint.stdout
+
+
+def test_functions_serve_reads_the_deployment_back_through_infra(aws_env: MotoServer, tmp_path: Path,
+                                                                 cache_dir: Path, source_snapshot: Path) -> None:
+    state = tmp_path / "state"
+    assert run_strata("infra", "apply", *flags(state, cache_dir, source_snapshot)).returncode == 0
+    proc = subprocess.Popen([STRATA, "functions", "serve", "--from-endpoint", aws_env.url, "--stage", "smoke",
+                             "--port", "0", "--no-memory-limit"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        serving = json.loads(line)
+        assert serving["functions"] == ["strata-smoke-ping", "strata-smoke-rollout"]
+        lam = boto3.client("lambda", endpoint_url=serving["url"], region_name="us-east-1")
+        r = lam.invoke(FunctionName="strata-smoke-ping", Qualifier="smoke", Payload=b'{"hello": 1}')
+        assert json.loads(r["Payload"].read()) == {"ok": True, "echo": {"hello": 1}}
+    finally:
+        proc.terminate()
+        deadline = time.monotonic() + 20
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()

@@ -1,0 +1,49 @@
+"""`strata infra template`: the same deployment as CloudFormation, checked with cfn-lint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from infra._models import DeployConfig, desired_resources
+from infra._template import logical_id, template, write_template
+
+CFN_LINT = str(Path(sys.executable).with_name("cfn-lint"))
+
+
+def lint(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CFN_LINT, str(path)], capture_output=True, text=True, timeout=120)
+
+
+def test_the_template_passes_cfn_lint_and_a_broken_one_does_not(tmp_path: Path) -> None:
+    config = DeployConfig(stage="prod", edge_nodes=("node-a", "node-b"), reserved_concurrency=10,
+                          trusted_public_key="-----BEGIN PUBLIC KEY-----\nabc\n-----END PUBLIC KEY-----\n")
+    out = write_template(config, tmp_path / "stack.json")
+    result = lint(out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # The check has teeth: a timeout over Lambda's 900 s is caught.
+    broken = json.loads(out.read_text())
+    broken["Resources"][logical_id("Function", "strata-prod-rollout")]["Properties"]["Timeout"] = 1200
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    assert lint(tmp_path / "broken.json").returncode != 0
+
+
+def test_the_template_holds_the_same_resources_as_the_plan() -> None:
+    config = DeployConfig(stage="prod", edge_nodes=("node-a",), reserved_concurrency=3)
+    t = template(config)
+    types = sorted(r["Type"] for r in t["Resources"].values())
+    assert types == sorted([
+        "AWS::S3::Bucket", "AWS::IAM::Role", "AWS::Lambda::Function", "AWS::Lambda::Function",
+        "AWS::Lambda::Version", "AWS::Lambda::Version", "AWS::Lambda::Alias", "AWS::Lambda::Alias",
+        "AWS::IoT::Policy", "AWS::IoT::Thing", "AWS::IoT::Certificate", "AWS::IoT::PolicyPrincipalAttachment",
+        "AWS::IoT::ThingPrincipalAttachment"])
+    fn = t["Resources"][logical_id("Function", "strata-prod-rollout")]["Properties"]
+    model = next(r for r in desired_resources(config, account="1", region="us-east-1", artifacts=None)
+                 if r.name == "strata-prod-rollout")
+    assert (fn["Handler"], fn["ReservedConcurrentExecutions"], fn["Runtime"]) == (model.handler, 3, "python3.12")
+    assert t["Resources"]["StageBucket"]["Properties"]["BucketName"] == {
+        "Fn::Sub": "strata-prod-${AWS::AccountId}-${AWS::Region}"}
+    role = t["Resources"]["ExecutionRole"]["Properties"]["Policies"][0]["PolicyDocument"]
+    assert "arn:${AWS::Partition}:s3:::strata-prod-${AWS::AccountId}-${AWS::Region}/*" in json.dumps(role)
