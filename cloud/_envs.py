@@ -97,6 +97,12 @@ def check_spaces(env_id: str, observation_space: Any, action_space: Any) -> None
     if not isinstance(action_space, gym.spaces.Discrete | gym.spaces.Box):
         raise ConfigError(f"{env_id}: action space {action_space} is not supported; "
                           "strata's PPO needs a Discrete or a Box action space")
+    if len(observation_space.shape) != 1:
+        raise ConfigError(f"{env_id}: observation space {observation_space} is not flat; strata's PPO needs a "
+                          "1-D Box observation space (flatten it with gymnasium.wrappers.FlattenObservation)")
+    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) != 1:
+        raise ConfigError(f"{env_id}: action space {action_space} is not flat; strata's PPO needs a 1-D Box "
+                          "action space")
     if isinstance(action_space, gym.spaces.Discrete) and action_space.start != 0:
         raise ConfigError(f"{env_id}: action space {action_space} starts at {action_space.start}; "
                           "strata's PPO needs Discrete actions numbered from 0")

@@ -216,3 +216,18 @@ def test_progress_bar_and_progress_lines(tmp_path: Path) -> None:
         progress.update(1000, 77.25, 2345.0)
     assert lines == ["train CartPole-v1: step 512/1,000  return(20) -  1,234 steps/s",
                      "train CartPole-v1: step 1,000/1,000  return(20) 77.2  2,345 steps/s"]
+
+
+@pytest.mark.parametrize(("obs_space", "action_space", "message"), [
+    (gym.spaces.Box(0, 1, (2, 3)), gym.spaces.Discrete(2),
+     "X: observation space Box(0.0, 1.0, (2, 3), float32) is not flat; strata's PPO needs a 1-D Box observation"),
+    (gym.spaces.Box(0, 1, (3,)), gym.spaces.MultiBinary(2),
+     "X: action space MultiBinary(2) is not supported; strata's PPO needs a Discrete or a Box action space"),
+    (gym.spaces.Box(0, 1, (3,)), gym.spaces.Discrete(2, start=1),
+     "X: action space Discrete(2, start=1) starts at 1; strata's PPO needs Discrete actions numbered from 0"),
+])
+def test_check_spaces_names_the_space(obs_space: gym.Space, action_space: gym.Space, message: str) -> None:
+    from cloud._envs import check_spaces
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_spaces("X", obs_space, action_space)
