@@ -181,6 +181,7 @@ class EdgeAgent:
         self._threads: list[threading.Thread] = []
         self.link: MqttLink | None = None
         self._lock = threading.Lock()
+        self._last_report: tuple[float | None, float | None, int | None] = (None, None, None)
 
     def _default_env(self) -> Any:
         gym = require("gymnasium", extra="edge", purpose="the edge simulators")
@@ -203,9 +204,16 @@ class EdgeAgent:
     def status(self, *, online: bool = True) -> NodeStatus:
         """The status message this node publishes."""
         stats = self.outbox.stats()
+        mean_return, p99, record_id = self._last_report
         return NodeStatus(node=self.config.node_id, online=online, policy=self.policy_name, version=self.version,
                           updated_at=self._clock(), last_error=self.last_error, outbox_pending=stats.pending,
-                          outbox_dropped=stats.dropped)
+                          outbox_dropped=stats.dropped, steps=self.counters.steps, episodes=self.counters.episodes,
+                          mean_return=mean_return, latency_p99_us=p99, last_record_id=record_id)
+
+    def _will_payload(self) -> bytes:
+        # The will cannot change while connected (MQTT 3.1.1); it names the policy running at connect time.
+        return NodeStatus(node=self.config.node_id, online=False, policy=self.policy_name, version=self.version,
+                          updated_at=0.0, last_error="connection lost (last will)").encode()
 
     def wait_for_version(self, version: int, timeout: float) -> bool:
         """Block until the active policy has `version` (tests, benchmarks)."""
@@ -236,8 +244,7 @@ class EdgeAgent:
             link_config = LinkConfig(broker=self.config.broker, client_id=self.config.node_id,
                                      username=self.config.username, password=password, ca_file=self.config.ca_file,
                                      cert_file=self.config.cert_file, key_file=self.config.key_file)
-            will = (self.topics.node(self.config.node_id, "status"),
-                    NodeStatus(node=self.config.node_id, online=False, updated_at=0.0).encode())
+            will = (self.topics.node(self.config.node_id, "status"), self._will_payload())
             self.link = MqttLink(link_config, on_message=self._on_message, on_ack=self.outbox.ack,
                                  on_connect=self._on_connect, will=will)
             self.link.subscribe(self.topics.announce)
@@ -413,6 +420,8 @@ class EdgeAgent:
             self._policy = policy
             self._policy_sha = hashlib.sha256(bundle.to_bytes()).hexdigest()
             self.counters.updates += 1
+        if self.link is not None:
+            self.link.set_will(self.topics.node(self.config.node_id, "status"), self._will_payload())
         if report is not None:
             self.last_error = None
             log.info("%s: now running %s v%d (health check %.1f ms)", self.config.node_id, policy.policy,
@@ -527,6 +536,7 @@ class EdgeAgent:
         stats = self.outbox.stats()
         lat = np.asarray(latencies) * 1e6 if latencies else None
         node = self.config.node_id
+        p99 = None if lat is None else _finite(float(np.percentile(lat, 99)))
 
         def build(record_id: int) -> bytes:
             return Telemetry(
@@ -536,13 +546,17 @@ class EdgeAgent:
                 episodes=len(returns), episode_returns=tuple(returns[-MAX_EPISODES_PER_RECORD:]),
                 episode_lengths=tuple(lengths[-MAX_EPISODES_PER_RECORD:]),
                 latency_p50_us=None if lat is None else _finite(float(np.percentile(lat, 50))),
-                latency_p99_us=None if lat is None else _finite(float(np.percentile(lat, 99))),
+                latency_p99_us=p99,
                 decisions_by_version={str(k): v for k, v in sorted(by_version.items())},
                 outbox_pending=stats.pending, outbox_dropped=stats.dropped,
             ).encode()
 
-        if self.outbox.put(self.topics.node(node, "telemetry"), build) is not None:
+        record_id = self.outbox.put(self.topics.node(node, "telemetry"), build)
+        if record_id is not None:
             self.counters.telemetry_records += 1
+        mean = float(np.mean(returns)) if returns else self._last_report[0]
+        self._last_report = (mean, p99, record_id)
+        self._status_dirty.set()  # the retained status carries the latest summary for late viewers
         self._sender_wake.set()
 
     def _record_experience(self, exp: dict[str, list[Any]], next_obs: np.ndarray, seq0: int) -> None:

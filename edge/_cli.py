@@ -48,6 +48,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "health check, automatic revert), act with it on a local gymnasium simulator, report telemetry through "
         "a disk-backed outbox. Works offline on the cached policy.")
     add_config_arguments(run, EdgeAgentConfig)
+    for action in run._actions:
+        if action.dest in ("fleet", "node_id", "cache_dir", "trust"):
+            action.required = True
     run.add_argument("--log-level", default="WARNING", help="logging level (default: %(default)s)")
     run.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     run.set_defaults(func=_edge_run)
@@ -117,8 +120,6 @@ def _edge_run(args: argparse.Namespace) -> int:
     finally:
         agent.close()
         signal.signal(signal.SIGTERM, previous)
-    stats = agent.outbox
-    del stats
     summary = {"node": config.node_id, "policy": agent.policy_name, "version": agent.version,
                "steps": counters.steps, "episodes": counters.episodes, "updates": counters.updates,
                "refused": len(counters.refused), "health_failures": len(counters.health_failures),
@@ -152,11 +153,9 @@ def _fleet(args: argparse.Namespace) -> int:
         raise EdgeError(f"strata fleet: cannot reach {args.broker} (state {state}: {error})")
     if args.json:
         print(json.dumps([{"node": v.node, "online": v.online, "policy": v.policy, "version": v.version,
-                           "latest_version": v.latest_version, "lag": v.lag, "last_error": v.last_error,
-                           "last_telemetry": None if v.last_telemetry is None else {
-                               "record_id": v.last_telemetry.record_id, "steps": v.last_telemetry.steps,
-                               "episodes": v.last_telemetry.episodes,
-                               "latency_p99_us": v.last_telemetry.latency_p99_us}} for v in views]))
+                           "latest_version": v.latest_version, "lag": v.lag, "steps": v.steps,
+                           "mean_return": v.mean_return, "latency_p99_us": v.latency_p99_us,
+                           "last_error": v.last_error} for v in views]))
     else:
         print(format_fleet_table(views))
     return 0

@@ -75,7 +75,24 @@ class EmbeddedBroker:
             return
         self._ready.set()
         loop.run_forever()
+        self._drain(loop)
         loop.close()
+
+    @staticmethod
+    def _drain(loop: asyncio.AbstractEventLoop) -> None:
+        tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        # amqtt's shutdown leaves the server side of client connections open, which surfaces later as
+        # "unclosed transport" ResourceWarnings; close what the loop still tracks (a private map of asyncio's
+        # selector loop, read defensively).
+        for transport in list(getattr(loop, "_transports", {}).values()):
+            with contextlib.suppress(Exception):
+                transport.close()
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.run_until_complete(loop.shutdown_asyncgens())
 
     def stop(self) -> None:
         """Shut the broker down and join its thread."""

@@ -38,6 +38,11 @@ class NodeView:
     """Versions behind the latest published version of its policy."""
     status_age_s: float | None
     last_telemetry: Telemetry | None
+    """The newest telemetry record seen live (None for a monitor that joined after it was sent)."""
+    steps: int | None
+    """Simulator steps so far, from the retained status (or the telemetry)."""
+    mean_return: float | None
+    latency_p99_us: float | None
     last_error: str | None
 
 
@@ -164,7 +169,11 @@ class FleetMonitor:
                 views.append(NodeView(node=node, online=bool(st and st.online), policy=policy, version=version,
                                       latest_version=latest, lag=lag,
                                       status_age_s=None if st is None or not st.updated_at else now - st.updated_at,
-                                      last_telemetry=last, last_error=st.last_error if st else None))
+                                      last_telemetry=last, steps=st.steps if st else (last.steps if last else None),
+                                      mean_return=st.mean_return if st else None,
+                                      latency_p99_us=st.latency_p99_us if st else (
+                                          last.latency_p99_us if last else None),
+                                      last_error=st.last_error if st else None))
             return views
 
 
@@ -173,12 +182,9 @@ def format_fleet_table(views: Sequence[NodeView]) -> str:
     headers = ["node", "online", "policy", "version", "latest", "lag", "steps", "mean return", "p99 us", "error"]
     rows = []
     for v in views:
-        t = v.last_telemetry
-        mean = (f"{sum(t.episode_returns) / len(t.episode_returns):.1f}" if t and t.episode_returns else "-")
         rows.append([v.node, "yes" if v.online else "no", v.policy or "-", _s(v.version), _s(v.latest_version),
-                     _s(v.lag), _s(t.steps if t else None), mean,
-                     _s(None if t is None or t.latency_p99_us is None else round(t.latency_p99_us)),
-                     (v.last_error or "")[:60]])
+                     _s(v.lag), _s(v.steps), "-" if v.mean_return is None else f"{v.mean_return:.1f}",
+                     _s(None if v.latency_p99_us is None else round(v.latency_p99_us)), (v.last_error or "")[:60]])
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]

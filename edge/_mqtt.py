@@ -171,6 +171,7 @@ class MqttLink:
         self._on_ack = on_ack
         self._on_connect_hook = on_connect
         self._stop = threading.Event()
+        self._closing = False
         self._sleep = sleep or self._stop.wait
         self._clock = clock
         self._subscriptions: set[str] = set()
@@ -235,8 +236,15 @@ class MqttLink:
         """Stop the network thread. With `disconnect`, say goodbye first, so the broker skips the last will."""
         if self._state is LinkState.CLOSED:
             return
+        self._closing = True
         if disconnect and self.connected:
             self._client.disconnect()
+            # Let the link thread write the DISCONNECT (paho then closes the socket); stopping first would drop
+            # the connection without it, and the broker would publish the last will.
+            deadline = time.monotonic() + 2.0
+            while self._client.socket() is not None and time.monotonic() < deadline and self._thread is not None \
+                    and self._thread.is_alive():
+                time.sleep(0.005)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -257,6 +265,8 @@ class MqttLink:
         first = True
         while not self._stop.is_set():
             if self._client.socket() is None:
+                if self._closing:
+                    return
                 self._state = LinkState.CONNECTING
                 try:
                     if first:
@@ -325,6 +335,11 @@ class MqttLink:
             self._on_ack(mid)
 
     # ------------------------------------------------------------------------------------------ operations
+
+    def set_will(self, topic: str, payload: bytes) -> None:
+        """Replace the last will (retained, QoS 1); it takes effect from the next connect."""
+        check_publish_topic(topic)
+        self._client.will_set(topic, payload, qos=QOS, retain=True)
 
     def subscribe(self, topic: str) -> None:
         """Subscribe at QoS 1 now if connected, and again after every reconnect."""

@@ -359,6 +359,13 @@ class NodeStatus:
     last_error: str | None = None
     outbox_pending: int = 0
     outbox_dropped: int = 0
+    steps: int = 0
+    """Simulator steps since the agent started (the latest telemetry, kept here because status is retained)."""
+    episodes: int = 0
+    mean_return: float | None = None
+    """Mean return of the episodes in the latest telemetry record."""
+    latency_p99_us: float | None = None
+    last_record_id: int | None = None
 
     def encode(self) -> bytes:
         """JSON payload."""
@@ -374,7 +381,17 @@ class NodeStatus:
                    updated_at=float(_field(topic, obj, "updated_at", (int, float))),
                    last_error=_field(topic, obj, "last_error", str, optional=True),
                    outbox_pending=_field(topic, obj, "outbox_pending", int, optional=True) or 0,
-                   outbox_dropped=_field(topic, obj, "outbox_dropped", int, optional=True) or 0)
+                   outbox_dropped=_field(topic, obj, "outbox_dropped", int, optional=True) or 0,
+                   steps=_field(topic, obj, "steps", int, optional=True) or 0,
+                   episodes=_field(topic, obj, "episodes", int, optional=True) or 0,
+                   mean_return=_opt_float(topic, obj, "mean_return"),
+                   latency_p99_us=_opt_float(topic, obj, "latency_p99_us"),
+                   last_record_id=_field(topic, obj, "last_record_id", int, optional=True))
+
+
+def _opt_float(topic: str, obj: Mapping[str, Any], name: str) -> float | None:
+    value = _field(topic, obj, name, (int, float), optional=True)
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True, kw_only=True)

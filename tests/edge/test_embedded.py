@@ -1,0 +1,23 @@
+"""The agent works on the embedded amqtt broker (what `strata demo` uses without a broker)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edge import EmbeddedBroker, FleetMonitor, Publisher
+from tests.edge._agents import agent_config, running_agents, wait_until
+from tests.edge._policies import cartpole_bundle, make_keys
+
+
+def test_agents_switch_on_the_embedded_broker(tmp_path: Path) -> None:
+    key, pub = make_keys(tmp_path / "keys")
+    with EmbeddedBroker() as broker:
+        configs = [agent_config(tmp_path, f"n{i}", pub, broker.url, fleet="demo") for i in range(2)]
+        with running_agents(configs) as agents, Publisher(broker=broker.url, fleet="demo") as publisher:
+            publisher.publish(cartpole_bundle(key, 1))
+            wait_until(lambda: all(a.version == 1 for a in agents), timeout=30, what="both on v1")
+            publisher.publish(cartpole_bundle(key, 2))
+            wait_until(lambda: all(a.version == 2 for a in agents), timeout=30, what="both on v2")
+            with FleetMonitor(broker=broker.url, fleet="demo") as monitor:
+                wait_until(lambda: sorted((v.node, v.version) for v in monitor.snapshot()) == [("n0", 2), ("n1", 2)],
+                           timeout=30, what="fleet view")

@@ -1,0 +1,63 @@
+"""A real agent process killed with SIGKILL in the middle of a swap: last will, clean restart, then the update."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from edge import FleetMonitor, Publisher
+from tests._services import Mosquitto
+from tests.edge._agents import agent_config, running_agents, wait_until
+from tests.edge._policies import cartpole_bundle, make_keys
+
+REPO = Path(__file__).resolve().parents[2]
+
+_AGENT = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {repo!r})
+    from pathlib import Path
+    from edge import EdgeAgent
+    from tests.edge._agents import agent_config
+
+    def on_phase(phase, bundle):
+        if phase == "trial" and bundle.version == 2:  # new slot written, pointer on trial: die here
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    config = agent_config(Path(sys.argv[1]), "n1", Path(sys.argv[2]), sys.argv[3], fleet="presence", duration=60)
+    agent = EdgeAgent(config, on_phase=on_phase).start()
+    agent.run()
+""")
+
+
+def test_kill_9_mid_swap_then_restart(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    key, pub = make_keys(tmp_path / "keys")
+    with Publisher(broker=mosquitto.url, fleet="presence") as publisher, \
+            FleetMonitor(broker=mosquitto.url, fleet="presence") as monitor:
+        publisher.publish(cartpole_bundle(key, 1))
+        proc = subprocess.Popen([sys.executable, "-c", _AGENT.format(repo=str(REPO)), str(tmp_path), str(pub),
+                                 mosquitto.url], stderr=subprocess.PIPE, text=True)
+        try:
+            wait_until(lambda: any(v.online and v.version == 1 for v in monitor.snapshot()), timeout=30,
+                       what="agent process online on v1")
+            publisher.publish(cartpole_bundle(key, 2))
+            assert proc.wait(timeout=30) == -signal.SIGKILL
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            assert proc.stderr is not None
+            proc.stderr.close()
+        # presence: the broker published the last will (retained): the node is offline
+        wait_until(lambda: [v.online for v in monitor.snapshot()] == [False], what="last will")
+    # restart with no broker: the cache resolves the interrupted trial back to v1 and acts on it
+    absent = Mosquitto(tmp_path / "absent")
+    with running_agents([agent_config(tmp_path, "n1", pub, absent.url, fleet="presence", steps=50)]) as (agent,):
+        assert agent.version == 1
+        assert any("reverting" in e for e in agent.cache.events)
+        wait_until(lambda: agent.counters.steps >= 50, what="steps on v1")
+    # back on the broker: the retained v2 installs
+    with running_agents([agent_config(tmp_path, "n1", pub, mosquitto.url, fleet="presence")]) as (agent,):
+        wait_until(lambda: agent.version == 2, what="v2 after restart")

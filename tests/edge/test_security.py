@@ -1,0 +1,73 @@
+"""`strata broker config` files on a real Mosquitto: nodes cannot publish policies or write other nodes' topics."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from edge import FleetTopics, LinkState, MqttLink, Publisher, mosquitto_hash, write_broker_config
+from edge._mqtt import LinkConfig
+from tests.conftest import MosquittoFactory
+from tests.edge._agents import agent_config, running_agents, wait_until
+from tests.edge._policies import cartpole_bundle, make_keys
+
+
+def test_python_hash_has_mosquittos_format() -> None:
+    h = mosquitto_hash("secret", salt=b"0123456789ab")
+    assert h.startswith("$7$101$MDEyMzQ1Njc4OWFi$") and len(h.split("$")[4]) == 88
+
+
+@pytest.mark.parametrize("use_binary", [True, False], ids=["mosquitto_passwd", "python-pbkdf2"])
+def test_acl_confines_each_node_to_its_own_topics(tmp_path: Path, mosquitto_factory: MosquittoFactory,
+                                                  use_binary: bool) -> None:
+    fleet = "secure"
+    files = write_broker_config(tmp_path / "bc", fleet=fleet, nodes=["a", "b"], cloud_user="cloud",
+                                use_binary=use_binary)
+    assert files.hashed_with == ("mosquitto_passwd" if use_binary else "python")
+    broker = mosquitto_factory([f"password_file {files.passwd}", f"acl_file {files.acl}"], anonymous=False)
+    pw = {u: p.read_text().strip() for u, p in files.credentials.items()}
+    t = FleetTopics(fleet)
+    key, pub = make_keys(tmp_path / "keys")
+
+    seen: list[tuple[str, bytes]] = []
+    lock = threading.Lock()
+
+    def record(topic: str, payload: bytes, retained: bool) -> None:
+        with lock:
+            seen.append((topic, payload))
+
+    observer = MqttLink(LinkConfig(broker=broker.url, client_id="observer", username="cloud", password=pw["cloud"]),
+                        on_message=record)
+    observer.subscribe(f"{t.root}/#")
+    with observer.start(), Publisher(broker=broker.url, fleet=fleet, username="cloud",
+                                     password=pw["cloud"]) as publisher:
+        assert observer.wait_connected(10)
+        publisher.publish(cartpole_bundle(key, 1))
+        wait_until(lambda: any(topic == t.announce for topic, _ in seen), what="cloud publish allowed")
+        with MqttLink(LinkConfig(broker=broker.url, client_id="a", username="a", password=pw["a"])) as node_a:
+            assert node_a.wait_connected(10)
+            forbidden = [t.policy_latest("cartpole"), t.announce, t.policy_chunk("cartpole", 0), t.control,
+                         t.node("b", "status"), t.node("b", "telemetry"), t.node("b", "experience")]
+            for topic in forbidden:
+                node_a.publish(topic, b"evil", retain=True)
+            node_a.publish(t.node("a", "telemetry"), b"mine")  # allowed; arrives after everything sent before
+            wait_until(lambda: (t.node("a", "telemetry"), b"mine") in seen, what="own topic allowed")
+        with lock:
+            evil = [topic for topic, payload in seen if payload == b"evil"]
+        assert evil == []
+        # a wrong password and anonymous clients are refused
+        for username, password in (("a", "wrong"), (None, None)):
+            with MqttLink(LinkConfig(broker=broker.url, client_id=f"x{username}", username=username,
+                                     password=password)) as intruder:
+                wait_until(lambda intruder=intruder: intruder.state in (  # type: ignore[misc]
+                    LinkState.REFUSED, LinkState.DISCONNECTED), what="refusal")
+                assert not intruder.connected
+    # and a real agent with node credentials still gets its policy (read access to policies) and reports
+    config = agent_config(tmp_path, "b", pub, broker.url, fleet=fleet, username="b",
+                          password_file=str(files.credentials["b"]))
+    with running_agents([config]) as (agent,):
+        wait_until(lambda: agent.version == 1, what="node b on v1")
+        wait_until(lambda: agent.outbox.stats().pending == 0 and agent.counters.telemetry_records > 0,
+                   what="telemetry accepted")
