@@ -31,7 +31,8 @@ def test_the_deployed_zip_is_read_back_verified_and_its_handler_runs(
     assert (code.code_dir / "functions" / "_handlers.py").is_file()
     # Run the handler from the unpacked zip (not the source tree) in a clean interpreter.
     script = ("import json, sys, functions; from functions._handlers import rollout_handler; "
-              "print(json.dumps({'file': functions.__file__, 'result': rollout_handler(json.loads(sys.argv[1]), None)}))")
+              "result = rollout_handler(json.loads(sys.argv[1]), None); "
+              "print(json.dumps({'file': functions.__file__, 'result': result}))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([sys.executable, "-c", script, json.dumps(EVENT)], cwd=code.code_dir, capture_output=True,
                           text=True, timeout=120, env={**env, "PYTHONPATH": str(code.code_dir),
