@@ -412,14 +412,18 @@ class ServerlessRolloutSource:
         c = self.config
         pending: dict[Future[_Done], int] = {}
         retry: list[int] = []
+        in_hand: list[_Done] = []
         yielded = 0
         t0 = self._clock()
         try:
             while count is None or yielded < count:
+                # Refill before decoding what came back, so the functions never wait for the caller.
                 remaining = None
                 if count is not None:
-                    left = count - yielded - len(pending) * c.fragments_per_rollout
-                    remaining = max(left, 0) * (c.fragment_length or c.steps_per_invocation) * c.envs_per_invocation
+                    # failed ones in hand are re-issued under their own index, so they count as coming too
+                    coming = (len(pending) + len(in_hand)) * c.fragments_per_rollout
+                    left = max(count - yielded - coming, 0)
+                    remaining = left * (c.fragment_length or c.steps_per_invocation) * c.envs_per_invocation
                 desired = self.autoscaler.desired(remaining_steps=remaining)
                 while len(pending) < desired and (retry or remaining is None or remaining > 0):
                     index = retry.pop(0) if retry else self._new_index()
@@ -428,15 +432,23 @@ class ServerlessRolloutSource:
                     if remaining is not None:
                         remaining -= c.steps_per_rollout
                 self.stats.concurrency.append((self._clock() - t0, desired, len(pending)))
+                for outcome in in_hand:
+                    for batch in self._accept(outcome, retry):
+                        if count is not None and yielded >= count:
+                            break  # an extra fragment of the last rollout: not asked for
+                        yielded += 1
+                        yield batch
+                in_hand = []
+                if count is not None and yielded >= count:
+                    break
                 if not pending:
+                    if retry:
+                        continue
                     break
                 done, _ = wait(list(pending), timeout=1.0, return_when=FIRST_COMPLETED)
                 for future in done:
                     pending.pop(future)
-                    outcome = future.result()
-                    for batch in self._accept(outcome, retry):
-                        yielded += 1
-                        yield batch
+                    in_hand.append(future.result())
         finally:
             for future in pending:
                 future.cancel()
