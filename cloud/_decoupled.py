@@ -229,11 +229,20 @@ class FragmentSource:
         return min(live, key=lambda i: self._pending[i])
 
     def fragments(self, count: int | None = None) -> Iterator[RolloutBatch]:
-        """Yield admitted fragments (up to `count`, forever when None) as services finish them."""
-        for i, ok in enumerate(self._alive):
-            while ok and self._pending[i] < self.inflight:
-                self._issue(i)
+        """Yield admitted fragments (up to `count`, forever when None) as services finish them.
+
+        With a `count`, no more work is issued than those `count` fragments need (a lost or
+        dropped fragment is replaced), so nothing is left in flight when the iterator ends: the
+        learner can change the policy, or the switcher the source, right after it.
+        """
         yielded = 0
+
+        def wanted() -> bool:
+            return count is None or yielded + sum(self._pending.values()) < count
+
+        for i, ok in enumerate(self._alive):
+            while ok and self._pending[i] < self.inflight and wanted():
+                self._issue(i)
         while count is None or yielded < count:
             i, fut = self._done.get()
             self._pending[i] -= 1
@@ -244,13 +253,14 @@ class FragmentSource:
                 self.stats.reissued += 1
                 self._issue(self._pick())
                 continue
-            if self._alive[i]:
-                self._issue(i)
             self.stats.fragments += 1
             self.stats.transitions += batch.size
             admitted = self.gate.admit(batch, self.learner_version)
             if admitted is not None:
                 yielded += 1
+            if self._alive[i] and wanted():
+                self._issue(i)
+            if admitted is not None:
                 yield admitted
 
 

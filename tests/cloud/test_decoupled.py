@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
@@ -139,7 +140,8 @@ def test_fragment_source_tags_versions_and_gates_staleness(services: list[EnvSer
     src = FragmentSource([s.address for s in services], steps=8, gate=StalenessGate(max_lag=0))
     try:
         assert src.set_policy(make_bundle(tmp_path, version=1)) == 1
-        got = list(src.fragments(6))
+        # Unbounded iteration keeps work in flight (a bounded one would leave none behind).
+        got = list(itertools.islice(src.fragments(), 6))
         assert {b.source for b in got} <= {s.service_id for s in services} and len(got) == 6
         assert all(int(b.policy_version.min()) == 1 for b in got)
         ids = [i for b in got for i in b.transition_ids()]
@@ -149,6 +151,19 @@ def test_fragment_source_tags_versions_and_gates_staleness(services: list[EnvSer
         fresh = list(src.fragments(3))
         assert all(int(b.policy_version.min()) == 2 for b in fresh)
         assert src.gate.dropped_fragments >= 1 and src.gate.lags[1] > 0
+    finally:
+        src.close()
+
+
+@needs_executor
+def test_bounded_fragments_leave_nothing_in_flight(services: list[EnvService], tmp_path: Path) -> None:
+    src = FragmentSource([s.address for s in services], steps=4, inflight=3)
+    try:
+        src.set_policy(make_bundle(tmp_path, version=1))
+        for _ in range(3):
+            assert len(list(src.fragments(5))) == 5
+            assert sum(src._pending.values()) == 0 and src._done.empty()
+        assert src.stats.fragments == 15
     finally:
         src.close()
 

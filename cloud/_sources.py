@@ -1,0 +1,223 @@
+"""The rollout sources a training job can switch between, behind the switcher's `RolloutSource` protocol.
+
+    VectorEnvSource   the learner's own policy steps a vector env: in-process (``sync``), the
+                      shared-memory pool (``colocated``) or batched gRPC env services
+                      (``decoupled``); every step crosses into the learner process
+    FragmentFeed      env hosts act themselves with the current policy exported as a signed bundle
+                      and return whole fragments: gRPC env services (``fragments``) or serverless
+                      functions (``functions``); no per-step round trip remains
+
+Both hand the learner the same thing: the parts of one update, ``[num_steps, num_envs]``
+transitions in total, each part a `device.RolloutBatch` whose transitions carry
+``(source, worker, seq)``. A feed issues exactly the fragments one update needs, so nothing is in
+flight at an update boundary: that is what makes a switch lossless. Log-probs and values are
+computed by the learner for every part, with the weights that acted (the version did not change
+while the update's fragments were produced).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import numpy as np
+
+from cloud._errors import CloudError
+from device import RolloutBatch
+
+
+class SourceError(CloudError):
+    """A rollout source handed back data that does not fit the update (shape, version)."""
+
+
+class FragmentProducer(Protocol):
+    """What `FragmentFeed` drives: `cloud.FragmentSource` (gRPC) and the serverless rollout source."""
+
+    def set_policy(self, bundle: bytes) -> int:
+        """Act with this bundle from now on; return its version."""
+        ...
+
+    def fragments(self, count: int | None = None) -> Iterator[RolloutBatch]:
+        """Yield `count` fragments."""
+        ...
+
+    def close(self) -> None:
+        """Stop."""
+        ...
+
+
+class VectorEnvSource:
+    """A vector env stepped by the learner's policy (see `cloud._ppo.RolloutCollector`).
+
+    Args:
+        mode: Mode name; transition streams are named ``{mode}:{incarnation}``.
+        make_envs: Builds the vector env (same-step autoreset), once.
+        agent: The learner's agent (updated in place by the learner).
+        normalizer: The learner's observation normaliser (updated in place).
+        num_steps: Steps per env per update.
+    """
+
+    def __init__(self, mode: str, make_envs: Callable[[], Any], *, agent: Any, normalizer: Any, num_steps: int,
+                 ) -> None:
+        self.mode = mode
+        self._make_envs = make_envs
+        self._agent = agent
+        self._normalizer = normalizer
+        self._num_steps = num_steps
+        self._envs: Any = None
+        self._collector: Any = None
+        self._produced = 0
+
+    def restart(self, *, incarnation: int) -> None:
+        """Reset every env: fresh episodes and fresh streams."""
+        from cloud._ppo import RolloutCollector
+
+        if self._envs is None:
+            self._envs = self._make_envs()
+        self._collector = RolloutCollector(self._envs, num_steps=self._num_steps,
+                                           source=f"{self.mode}:{incarnation}")
+
+    def collect(self, *, policy_version: int, global_step: int) -> tuple[list[RolloutBatch], list[Any]]:
+        """Step the envs for one update."""
+        if self._collector is None:
+            raise SourceError(f"{self.mode}: collect() before restart(); the switcher starts sources")
+        batch, episodes = self._collector.collect(self._agent, self._normalizer, policy_version=policy_version,
+                                                  global_step=global_step)
+        self._produced += batch.size
+        return [batch], episodes
+
+    def produced(self) -> int:
+        """Transitions stepped so far."""
+        return self._produced
+
+    def workers(self) -> int:
+        """Env workers (processes or services) behind the vector env, else its env count."""
+        envs = self._envs
+        if envs is None:
+            return 0
+        for name in ("num_workers", "num_services"):
+            if hasattr(envs, name):
+                return int(getattr(envs, name))
+        return int(envs.num_envs)
+
+    def close(self) -> None:
+        """Close the vector env."""
+        if self._envs is not None:
+            self._envs.close()
+            self._envs = None
+
+
+class FragmentFeed:
+    """Fragments from env hosts acting with the exported current policy.
+
+    Args:
+        mode: Mode name.
+        make_producer: Builds the fragment producer, once.
+        bundle_for: ``bundle_for(policy_version) -> signed bundle bytes`` of the learner's current policy.
+        agent: The learner's agent, to compute log-probs and values of the fragments.
+        normalizer: The learner's observation normaliser.
+        num_envs: Env streams per update (the learner's ``num_envs``).
+        num_steps: Steps per stream per update; every fragment must be this long.
+        envs_per_fragment: Env streams in one fragment; ``num_envs`` must be a multiple of it.
+        workers: How many hosts or function instances feed it (for status).
+    """
+
+    def __init__(self, mode: str, make_producer: Callable[[], FragmentProducer], *,
+                 bundle_for: Callable[[int], bytes], agent: Any, normalizer: Any, num_envs: int, num_steps: int,
+                 envs_per_fragment: int, workers: Callable[[], int] | None = None) -> None:
+        if num_envs % envs_per_fragment:
+            raise SourceError(f"{mode}: num_envs={num_envs} is not a multiple of envs_per_fragment="
+                              f"{envs_per_fragment}; make the learner's num_envs a multiple of the envs per host")
+        self.mode = mode
+        self._make_producer = make_producer
+        self._bundle_for = bundle_for
+        self._agent = agent
+        self._normalizer = normalizer
+        self._num_envs = num_envs
+        self._num_steps = num_steps
+        self._per_fragment = envs_per_fragment
+        self._workers = workers
+        self._producer: FragmentProducer | None = None
+        self._policy_version: int | None = None
+        self._bundle_version = 0
+        self._produced = 0
+        self._returns: dict[tuple[str, int], float] = defaultdict(float)
+        self._lengths: dict[tuple[str, int], int] = defaultdict(int)
+
+    def restart(self, *, incarnation: int) -> None:
+        """Start the producer if needed and forget open episodes (the hosts keep their own streams)."""
+        if self._producer is None:
+            self._producer = self._make_producer()
+        self._policy_version = None
+        self._returns.clear()
+        self._lengths.clear()
+
+    def collect(self, *, policy_version: int, global_step: int) -> tuple[list[RolloutBatch], list[Any]]:
+        """Publish the current policy if it changed, then gather exactly one update's fragments."""
+        import torch
+
+        from cloud._ppo import Episode
+
+        if self._producer is None:
+            raise SourceError(f"{self.mode}: collect() before restart(); the switcher starts sources")
+        if self._policy_version != policy_version:
+            self._bundle_version = self._producer.set_policy(self._bundle_for(policy_version))
+            self._policy_version = policy_version
+        wanted = self._num_envs // self._per_fragment
+        parts: list[RolloutBatch] = []
+        episodes: list[Any] = []
+        step = global_step
+        for fragment in self._producer.fragments(wanted):
+            if fragment.num_steps != self._num_steps or fragment.num_envs != self._per_fragment:
+                raise SourceError(f"{self.mode}: a fragment of shape [T={fragment.num_steps}, N={fragment.num_envs}] "
+                                  f"does not fit updates of [T={self._num_steps}, N={self._per_fragment}] per host")
+            acted = np.unique(fragment.policy_version)
+            if acted.tolist() != [self._bundle_version]:
+                raise SourceError(f"{self.mode}: a fragment was acted by versions {acted.tolist()}, not the current "
+                                  f"bundle version {self._bundle_version}; the feed issues no work ahead of an update")
+            obs_shape = fragment.obs.shape[2:]
+            t, n = fragment.num_steps, fragment.num_envs
+            with torch.inference_mode():
+                b_obs = torch.from_numpy(self._normalizer(fragment.obs.reshape(t * n, *obs_shape)))
+                actions = np.ascontiguousarray(fragment.actions).reshape(t * n, *fragment.actions.shape[2:])
+                b_act = torch.from_numpy(actions)
+                logprobs, _ = self._agent.evaluate_actions(b_obs, b_act)
+                values = self._agent.get_value(b_obs)
+            parts.append(RolloutBatch(
+                source=fragment.source, obs=fragment.obs, actions=fragment.actions, rewards=fragment.rewards,
+                terminations=fragment.terminations, truncations=fragment.truncations, final_obs=fragment.final_obs,
+                next_obs=fragment.next_obs, policy_version=np.full((t, n), policy_version, dtype=np.int64),
+                worker=fragment.worker, seq=fragment.seq, logprobs=logprobs.numpy().reshape(t, n),
+                values=values.numpy().reshape(t, n)))
+            episodes += self._episodes(fragment, step, Episode)
+            step += fragment.size
+        self._produced += sum(p.size for p in parts)
+        return parts, episodes
+
+    def _episodes(self, fragment: RolloutBatch, step: int, episode: Any) -> list[Any]:
+        ended = []
+        done = np.logical_or(fragment.terminations, fragment.truncations)
+        for j, w in enumerate(fragment.worker.tolist()):
+            key = (fragment.source, int(w))
+            for t in range(fragment.num_steps):
+                self._returns[key] += float(fragment.rewards[t, j])
+                self._lengths[key] += 1
+                if done[t, j]:
+                    ended.append(episode(step + (t + 1) * fragment.num_envs, self._returns[key], self._lengths[key]))
+                    self._returns[key], self._lengths[key] = 0.0, 0
+        return ended
+
+    def produced(self) -> int:
+        """Transitions received so far."""
+        return self._produced
+
+    def workers(self) -> int:
+        """Hosts or function instances feeding this source."""
+        return self._workers() if self._workers is not None else 0
+
+    def close(self) -> None:
+        """Stop the producer."""
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
