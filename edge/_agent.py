@@ -3,8 +3,9 @@
 Threads of one agent:
 
     link     (edge._mqtt) receives announcements, bundles, chunks and control; keeps reconnecting
-    updater  takes the newest bundle per topic from a coalescing inbox: verify -> stage in the inactive
-             slot -> trial pointer -> health check -> commit (or revert); never blocks the next update
+    updater  takes the newest bundle per topic from a coalescing inbox: verify -> health check -> act on
+             it -> write it into the inactive cache slot -> swap the pointer (a failed check is remembered and
+             the running policy stays); a failure never blocks the next update
     sender   publishes the retained status when it changes and pumps the SQLite outbox (records are
              deleted only after their PUBACK)
     caller   `run` steps the gymnasium simulator with the active policy; every decision is tagged with the
@@ -403,17 +404,26 @@ class EdgeAgent:
             return
         if self.cache.is_rejected(bundle):
             return
-        self.cache.stage(bundle)
-        self.cache.begin_trial()
         policy, report = check_policy(bundle, self._make_env, self.config.health())
         if policy is None:
-            self.cache.revert(report.reason)
+            self.cache.stage(bundle)
+            self.cache.discard(report.reason)
             self.counters.health_failures.append(report.reason)
             self._note_error(f"health check of {bundle.policy} v{bundle.version} failed: {report.reason}; "
                              f"still running v{self.version}")
             return
-        self.cache.commit()
+        # Act on the new policy at once, then make it durable: write the inactive slot, fsync, swap the pointer.
+        # A crash in between restarts on the previous committed policy, and the retained latest brings this
+        # one again; the fsyncs (~10-30 ms on a VM disk) stay off the propagation path.
+        previous = self._policy, self._policy_sha
         self._install(policy, bundle, report)
+        try:
+            self.cache.stage(bundle)
+            self.cache.commit()
+        except Exception:
+            with self._lock:
+                self._policy, self._policy_sha = previous
+            raise
 
     def _install(self, policy: OnnxPolicy, bundle: Bundle, report: HealthReport | None = None) -> None:
         with self._lock:

@@ -9,15 +9,16 @@ Layout of the cache folder::
 
 State machine of one update (each arrow is one atomic step: write a temp file, fsync, rename, fsync the folder):
 
-    committed(A) --stage--> committed(A), B written --begin_trial--> trial(B, previous A)
-        trial(B) --commit--> committed(B)          (the verifier records B's version: no rollback below it)
-        trial(B) --revert--> committed(A)          (B is remembered as rejected)
+    committed(A) --stage--> committed(A), B written in the other slot
+        --commit--> committed(B, previous A)     (the verifier records B's version: no rollback below it)
+        --discard--> committed(A)                 (B failed its health check; remembered as rejected)
 
-A crash anywhere leaves a cache that `load` resolves to a verified policy: a half-written slot is never
-pointed to; a pointer in ``trial`` (the crash hit the health check) reverts to the previous slot, which was
-committed; an unreadable or tampered active slot falls back to the previous one. Loading verifies the bundle
-again (signature, digest, expiry, tier); a version below the highest accepted is allowed only for the previous
-slot this cache itself committed, because reverting to a known-good policy is not a rollback attack.
+The pointer moves only by an atomic rename, and only to a slot whose file is complete and fsynced, so a
+crash anywhere leaves a cache that `load` resolves to a verified, committed policy. An unreadable or tampered
+active slot falls back to the previous one. Loading verifies the bundle again (signature, digest, expiry,
+tier); a version below the highest accepted is allowed only for the previous slot this cache itself
+committed, because reverting to a known-good policy is not a rollback attack. (A pointer in the ``trial``
+state, which no current writer produces, is resolved to its previous slot.)
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from edge._errors import CacheError
 log = logging.getLogger("strata.edge.cache")
 
 Slot = Literal["a", "b"]
-Phase = Literal["staged", "trial", "committed", "reverted"]
+Phase = Literal["staged", "committed", "discarded"]
 MAX_REJECTED = 64
 
 
@@ -178,17 +179,19 @@ class PolicyCache:
             self._write_pointer(Pointer(slot, None, "committed", best.version, None))
             self.verifier.accept(best)
             return best
-        if pointer.state == "trial":
+        reverted = pointer.state == "trial"
+        if reverted:
             self.events.append(f"pointer was on trial of v{pointer.version}: reverting")
             if pointer.previous is None:
                 self._write_pointer(None)
                 return None
             pointer = Pointer(pointer.previous, None, "committed", pointer.previous_version or 0, None)
             self._write_pointer(pointer)
-        bundle = self._read_slot(pointer.active, allow_older=False)
+        bundle = self._read_slot(pointer.active, allow_older=reverted)
         if bundle is not None:
             self._pointer = pointer
-            self.verifier.accept(bundle)
+            if bundle.version > self.verifier.highest_accepted(bundle.policy):
+                self.verifier.accept(bundle)
             return bundle
         if pointer.previous is not None:
             fallback = self._read_slot(pointer.previous, allow_older=True)
@@ -224,43 +227,29 @@ class PolicyCache:
         self._phase("staged", bundle)
         return slot
 
-    def begin_trial(self) -> None:
-        """Point at the staged slot, on trial: a crash from here on reverts to the previous slot."""
+    def commit(self) -> Bundle:
+        """The staged bundle passed its health check: swap the pointer to it and accept its version."""
         if self._staged is None:
-            raise CacheError("PolicyCache.begin_trial: nothing staged; call stage(bundle) first")
+            raise CacheError("PolicyCache.commit: nothing staged; call stage(bundle) first")
         slot, bundle = self._staged
         old = self._pointer
-        self._write_pointer(Pointer(slot, old.active if old else None, "trial", bundle.version,
+        self._write_pointer(Pointer(slot, old.active if old else None, "committed", bundle.version,
                                     old.version if old else None))
-        self._phase("trial", bundle)
-
-    def commit(self) -> Bundle:
-        """The staged bundle passed its health check: make it the committed, accepted policy."""
-        if self._staged is None or self._pointer is None or self._pointer.state != "trial":
-            raise CacheError("PolicyCache.commit: no bundle on trial; call stage() and begin_trial() first")
-        _, bundle = self._staged
-        self._write_pointer(Pointer(self._pointer.active, self._pointer.previous, "committed", bundle.version,
-                                    self._pointer.previous_version))
         self.verifier.accept(bundle)
         self._staged = None
         self._phase("committed", bundle)
         return bundle
 
-    def revert(self, reason: str) -> None:
-        """The bundle on trial failed: point back at the previous slot and remember the bundle as rejected."""
+    def discard(self, reason: str) -> None:
+        """The staged bundle failed: the pointer stays where it is, and the bundle is remembered as rejected."""
         if self._staged is None:
-            raise CacheError("PolicyCache.revert: nothing staged")
+            raise CacheError("PolicyCache.discard: nothing staged")
         _, bundle = self._staged
-        old = self._pointer
-        if old is not None and old.state == "trial":
-            restored = None if old.previous is None else Pointer(old.previous, None, "committed",
-                                                                 old.previous_version or 0, None)
-            self._write_pointer(restored)
         rejected = self._rejected()
         rejected[f"{bundle.policy}:{bundle.version}:{bundle.manifest.model_sha256}"] = reason[:500]
         write_atomic(self.root / "rejected.json", json.dumps(dict(list(rejected.items())[-MAX_REJECTED:])).encode())
         self._staged = None
-        self._phase("reverted", bundle)
+        self._phase("discarded", bundle)
 
     def describe(self) -> dict[str, Any]:
         """Pointer and events, for status output."""

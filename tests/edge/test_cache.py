@@ -30,7 +30,6 @@ def _cache(root: Path, pub: Path) -> PolicyCache:
 
 def _install(cache: PolicyCache, bundle: Bundle) -> None:
     cache.stage(bundle)
-    cache.begin_trial()
     cache.commit()
 
 
@@ -47,14 +46,13 @@ def test_swap_commit_and_restart(tmp_path: Path, keys: Keys) -> None:
     assert again.verifier.highest_accepted("cartpole") == 2
 
 
-def test_revert_keeps_the_running_policy_and_remembers_the_rejection(tmp_path: Path, keys: Keys) -> None:
+def test_discard_keeps_the_running_policy_and_remembers_the_rejection(tmp_path: Path, keys: Keys) -> None:
     key, pub = keys
     cache = _cache(tmp_path / "c", pub)
     _install(cache, cartpole_bundle(key, 1))
     bad = cartpole_bundle(key, 2)
     cache.stage(bad)
-    cache.begin_trial()
-    cache.revert("health check failed")
+    cache.discard("health check failed")
     assert cache.is_rejected(bad)
     loaded = _cache(tmp_path / "c", pub).load()
     assert loaded is not None and loaded.version == 1
@@ -104,12 +102,11 @@ _KILLER = textwrap.dedent("""
     cache = PolicyCache(Path(root), trust=TrustStore([load_public_key(pub)]), on_phase=on_phase)
     assert cache.load().version == 1
     cache.stage(cartpole_bundle(load_signing_key(key), 2))
-    cache.begin_trial()
     cache.commit()
 """)
 
 
-@pytest.mark.parametrize(("phase", "expected"), [("staged", 1), ("trial", 1), ("committed", 2)])
+@pytest.mark.parametrize(("phase", "expected"), [("staged", 1), ("committed", 2)])
 def test_kill_9_mid_swap_leaves_a_cache_that_starts_on_a_valid_policy(
         tmp_path: Path, keys: Keys, phase: str, expected: int) -> None:
     key, pub = keys
@@ -141,3 +138,15 @@ def test_cached_bundles_are_verified_again_on_load(tmp_path: Path, keys: Keys) -
     again = _cache(tmp_path / "c", pub)
     assert again.load() is None
     assert any("TamperedBundle" in e or "sha256" in e for e in again.events)
+
+
+def test_a_pointer_left_on_trial_resolves_to_its_previous_slot(tmp_path: Path, keys: Keys) -> None:
+    key, pub = keys
+    cache = _cache(tmp_path / "c", pub)
+    _install(cache, cartpole_bundle(key, 1))
+    _install(cache, cartpole_bundle(key, 2))
+    pointer = json.loads(cache.pointer_path.read_text())
+    cache.pointer_path.write_text(json.dumps({**pointer, "state": "trial"}))
+    again = _cache(tmp_path / "c", pub)
+    loaded = again.load()
+    assert loaded is not None and loaded.version == 1
