@@ -8,8 +8,11 @@ Flags not given on the command line default to what the stage's last apply recor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +45,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                            description="Compare the desired deployment with the recorded state and the live "
                            "resources and print the diff; drift made outside strata is marked. Changes nothing.")
     common(plan, full=True)
-    plan.set_defaults(func=_plan)
+    plan.set_defaults(func=_wrapped("plan", _plan))
 
     apply = cmds.add_parser("apply", help="create or update the stage's resources",
                             description="Build the function packages, plan, and carry the plan out. Idempotent: "
@@ -50,7 +53,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common(apply, full=True)
     apply.add_argument("--dry-run", action="store_true", help="print each step instead of changing AWS")
     apply.add_argument("--yes", action="store_true", help="accepted for symmetry; apply does not ask")
-    apply.set_defaults(func=_apply)
+    apply.set_defaults(func=_wrapped("apply", _apply))
 
     destroy = cmds.add_parser("destroy", help="delete every resource of the stage",
                               description="Delete the stage's functions, role, IoT things/certificates/policies "
@@ -58,14 +61,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common(destroy, full=False)
     destroy.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     destroy.add_argument("--dry-run", action="store_true", help="print each step instead of changing AWS")
-    destroy.set_defaults(func=_destroy)
+    destroy.set_defaults(func=_wrapped("destroy", _destroy))
 
     rollback = cmds.add_parser("rollback", help="move the stage alias back to the previous version",
                                description="Point each function's stage alias at the version it had before the "
                                "last apply. The next apply moves it forward again. Asks first unless --yes.")
     common(rollback, full=False)
     rollback.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    rollback.set_defaults(func=_rollback)
+    rollback.set_defaults(func=_wrapped("rollback", _rollback))
 
     tmpl = cmds.add_parser("template", help="write the deployment as a CloudFormation template",
                            description="Write the same deployment as a CloudFormation template (JSON); no AWS "
@@ -74,6 +77,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tmpl.add_argument("--out", required=True, help="template file to write")
     tmpl.add_argument("--package", default=None, help="also build the functions zip and write it here")
     tmpl.set_defaults(func=_template)
+
+
+@contextlib.contextmanager
+def _aws_errors(action: str) -> Iterator[None]:
+    """Turn botocore's own errors (no credentials, no endpoint, an unexpected refusal) into one error line."""
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
+
+    from infra._errors import AwsCallError
+
+    try:
+        yield
+    except (NoCredentialsError, NoRegionError) as exc:
+        raise AwsCallError(f"{action}: {exc}; configure the standard AWS chain (AWS_PROFILE or "
+                           "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, and --region or AWS_REGION)") from exc
+    except (BotoCoreError, ClientError) as exc:
+        raise AwsCallError(f"{action}: {exc}") from exc
+
+
+def _wrapped(action: str, run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    @functools.wraps(run)
+    def call(args: argparse.Namespace) -> int:
+        with _aws_errors(action):
+            return run(args)
+
+    return call
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -104,11 +132,11 @@ def _confirm(action: str, stage: str, yes: bool) -> None:
     if yes:
         return
     if not sys.stdin.isatty():
-        raise InfraError(f"strata infra {action} --stage {stage}: needs confirmation; pass --yes to run it "
+        raise InfraError(f"{action} --stage {stage}: needs confirmation; pass --yes to run it "
                          "without a terminal")
     answer = input(f"{action} stage {stage!r}? Type the stage name to confirm: ").strip()
     if answer != stage:
-        raise InfraError(f"strata infra {action}: not confirmed (typed {answer!r}, expected {stage!r}); nothing "
+        raise InfraError(f"{action}: not confirmed (typed {answer!r}, expected {stage!r}); nothing "
                          "was changed")
 
 

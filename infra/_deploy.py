@@ -72,8 +72,9 @@ def plan(config: DeployConfig, *, state_dir: Path, aws: Clients | None = None) -
     check_config(config)
     aws = _clients(config, aws)
     state = StateStore(state_dir, config.stage).load()
+    account = aws.account_id()  # fails fast on missing credentials, before a pip build
     artifacts = build_artifacts(config, state_dir=state_dir)
-    desired = desired_resources(config, account=aws.account_id(), region=aws.region, artifacts=artifacts)
+    desired = desired_resources(config, account=account, region=aws.region, artifacts=artifacts)
     return plan_apply(desired, state, aws)
 
 

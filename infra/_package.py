@@ -146,6 +146,11 @@ def build_package(deps_dir: Path, out: Path, *, what: str, packages: Sequence[st
     """
     entries = package_entries(deps_dir, packages, source_dir)
     unzipped = sum(path.stat().st_size for _, path in entries)
+    fingerprint = _fingerprint(entries)
+    sidecar = out.with_name(out.name + ".json")
+    reused = _reuse(out, sidecar, fingerprint)
+    if reused is not None and reused.zipped_bytes <= zipped_limit and unzipped <= unzipped_limit:
+        return reused
     if unzipped > unzipped_limit:
         raise PackageTooLargeError(
             f"build_package({what!r}): the package is {unzipped / MB:.1f} MB unzipped, over Lambda's "
@@ -177,5 +182,30 @@ def build_package(deps_dir: Path, out: Path, *, what: str, packages: Sequence[st
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    return Artifact(path=out, sha256_b64=base64.b64encode(digest.digest()).decode(),
-                    sha256_hex=digest.hexdigest(), zipped_bytes=zipped, unzipped_bytes=unzipped)
+    artifact = Artifact(path=out, sha256_b64=base64.b64encode(digest.digest()).decode(),
+                        sha256_hex=digest.hexdigest(), zipped_bytes=zipped, unzipped_bytes=unzipped)
+    sidecar.write_text(json.dumps({"fingerprint": fingerprint, "sha256_b64": artifact.sha256_b64,
+                                   "sha256_hex": artifact.sha256_hex, "zipped_bytes": zipped,
+                                   "unzipped_bytes": unzipped}))
+    return artifact
+
+
+def _fingerprint(entries: Sequence[tuple[str, Path]]) -> str:
+    """Names, sizes and modification times of every input file: equal fingerprints give equal zips."""
+    h = hashlib.sha256()
+    for arcname, path in entries:
+        st = path.stat()
+        h.update(f"{arcname}\0{st.st_size}\0{st.st_mtime_ns}\0{os.access(path, os.X_OK)}\n".encode())
+    return h.hexdigest()
+
+
+def _reuse(out: Path, sidecar: Path, fingerprint: str) -> Artifact | None:
+    """The zip at `out` if it was built from inputs with `fingerprint` (a 72 MB tree takes ~10 s to zip)."""
+    try:
+        meta = json.loads(sidecar.read_text())
+        if meta.get("fingerprint") != fingerprint or out.stat().st_size != meta["zipped_bytes"]:
+            return None
+        return Artifact(path=out, sha256_b64=meta["sha256_b64"], sha256_hex=meta["sha256_hex"],
+                        zipped_bytes=int(meta["zipped_bytes"]), unzipped_bytes=int(meta["unzipped_bytes"]))
+    except (OSError, ValueError, KeyError):
+        return None

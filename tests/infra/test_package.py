@@ -111,6 +111,21 @@ def test_packages_are_reproducible_and_hold_the_handlers(tmp_path: Path, source_
     assert a.key == f"functions/{a.sha256_hex}.zip"
 
 
+def test_an_unchanged_package_is_not_zipped_again_and_a_changed_one_is(tmp_path: Path, source_snapshot: Path
+                                                                        ) -> None:
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    (deps / "dep.py").write_text("X = 1\n")
+    first = build_package(deps, tmp_path / "f.zip", what="rollout", source_dir=source_snapshot)
+    built_at = first.path.stat().st_mtime_ns
+    again = build_package(deps, tmp_path / "f.zip", what="rollout", source_dir=source_snapshot)
+    assert again == first and again.path.stat().st_mtime_ns == built_at
+    (deps / "dep.py").write_text("X = 22\n")
+    changed = build_package(deps, tmp_path / "f.zip", what="rollout", source_dir=source_snapshot)
+    assert changed.sha256_b64 != first.sha256_b64
+    assert zipfile.ZipFile(changed.path).read("dep.py") == b"X = 22\n"
+
+
 def test_size_guards_measure_the_real_artifact(tmp_path: Path, source_snapshot: Path) -> None:
     deps = tmp_path / "deps"
     deps.mkdir()
@@ -127,7 +142,7 @@ def test_size_guards_measure_the_real_artifact(tmp_path: Path, source_snapshot: 
         build_package(deps, tmp_path / "y.zip", what="rollout", source_dir=source_snapshot,
                       zipped_limit=probe.zipped_bytes - 1)
     assert not (tmp_path / "y.zip").exists()  # a refused zip is not left behind
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["deps", "probe.zip"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deps", "probe.zip", "probe.zip.json"]
 
 
 def test_a_missing_source_package_is_named(tmp_path: Path) -> None:
