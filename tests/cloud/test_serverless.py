@@ -190,3 +190,31 @@ def test_cost_estimate_uses_documented_prices() -> None:
 def test_bad_configs_are_refused(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ServerlessError, match=re.escape(message)):
         ServerlessConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_signed_bundle_is_verified_and_run_inside_the_function(creds: None, tmp_path: object,
+                                                                 runtime_factory: list[LocalRuntime]) -> None:
+    from pathlib import Path
+
+    from device import build_bundle, generate_keypair, load_signing_key
+    from tests.device._models import mlp_policy
+
+    key_path, pub_path = generate_keypair(Path(str(tmp_path)))
+    spec = FunctionSpec(name="strata-rollout", handler=ROLLOUT, reserved_concurrency=2,
+                        environment={"STRATA_TRUSTED_KEYS": pub_path.read_text()})
+    rt = LocalRuntime(SourceTreeFunctions([spec]), config=RuntimeConfig(port=0)).start()
+    runtime_factory.append(rt)
+    obs = {"type": "Box", "shape": [4], "dtype": "float32", "low": ["-inf"] * 4, "high": ["inf"] * 4}
+    bundle = build_bundle(mlp_policy(hidden=(8,)), policy="cartpole", version=7, parent_version=6,
+                          observation_space=obs, action_space={"type": "Discrete", "n": 2},
+                          signing_key=load_signing_key(key_path), output_names=("action", "logits")).to_bytes()
+    with ServerlessRolloutSource(config(rt.url, max_concurrency=2)) as source:
+        assert source.set_policy(bundle) == 7
+        batches = list(source.fragments(count=4))
+        assert all((b.policy_version == 7).all() for b in batches)
+        assert_exactly_once(batches, 2, source.config)
+        source.set_policy(build_bundle(b"not onnx", policy="cartpole", version=8, parent_version=7,
+                                       observation_space=obs, action_space={"type": "Discrete", "n": 2},
+                                       signing_key=None).to_bytes())
+        with pytest.raises(ServerlessError, match=re.escape("refused the rollout: UnsignedBundleError")):
+            list(source.fragments(count=1))
