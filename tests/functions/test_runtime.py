@@ -259,3 +259,33 @@ def test_function_option_parses_every_setting() -> None:
 def test_bad_fault_rates_are_refused() -> None:
     with pytest.raises(RuntimeConfigError, match=re.escape("FaultConfig: throttle_rate must be in [0, 1], got 2")):
         FaultConfig(throttle_rate=2)
+
+
+def test_client_context_reaches_the_handler(client: Any) -> None:
+    ctx = base64.b64encode(json.dumps({"custom": {"run": "r7"}}).encode()).decode()
+    r = client.invoke(FunctionName="echo", Payload=b"{}", ClientContext=ctx)
+    assert json.loads(r["Payload"].read())["client_context"] == {"run": "r7"}
+
+
+def test_failed_event_invocations_are_retried_twice_like_lambda(client: Any, runtime: LocalRuntime) -> None:
+    before = runtime.stats["boom"].async_deliveries
+    assert client.invoke(FunctionName="boom", InvocationType="Event", Payload=b"{}")["StatusCode"] == 202
+    deadline = time.monotonic() + 10
+    while runtime.stats["boom"].async_deliveries < before + 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert runtime.stats["boom"].async_deliveries == before + 3
+
+
+def test_cold_start_delay_fault_slows_only_the_first_invocation() -> None:
+    specs = [FunctionSpec(name="echo", handler=H + "echo")]
+    with LocalRuntime(SourceTreeFunctions(specs), config=RuntimeConfig(port=0),
+                      faults=FaultConfig(cold_start_delay_s=0.6)) as rt:
+        c = lambda_client(rt.url)
+        t0 = time.monotonic()
+        c.invoke(FunctionName="echo", Payload=b"{}")
+        cold = time.monotonic() - t0
+        t0 = time.monotonic()
+        c.invoke(FunctionName="echo", Payload=b"{}")
+        warm = time.monotonic() - t0
+    assert cold >= 0.6 > warm

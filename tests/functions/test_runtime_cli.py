@@ -8,6 +8,7 @@ import signal
 import subprocess
 
 import boto3
+import pytest
 from botocore.config import Config
 
 from tests._cli import STRATA, run_strata
@@ -36,3 +37,21 @@ def test_functions_serve_refuses_a_bad_function_option() -> None:
     result = run_strata("functions", "serve", "--port", "0", "--function", "broken")
     assert result.returncode == 2
     assert "error: --function 'broken': expected NAME=module.handler" in result.stderr
+
+
+def test_functions_serve_injects_throttles_from_flags() -> None:
+    proc = subprocess.Popen([STRATA, "functions", "serve", "--port", "0", "--throttle-rate", "1.0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        assert proc.stdout is not None
+        line = json.loads(proc.stdout.readline())
+        assert line["functions"] == ["strata-ping", "strata-rollout"]
+        client = boto3.client("lambda", endpoint_url=line["url"], region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing",
+                              config=Config(retries={"total_max_attempts": 1}))
+        with pytest.raises(client.exceptions.TooManyRequestsException):
+            client.invoke(FunctionName="strata-ping", Payload=b"{}")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=20)
+    assert proc.returncode == 0, stderr
