@@ -1,0 +1,111 @@
+"""Micro-policy distillation: a 16-unit student keeps the teacher's CartPole return, as a device-tier bundle."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cloud._distill import DistillConfig, distill
+from device import Bundle, NumpyExecutor, TrustStore, Verifier, build_bundle, generate_keypair, load_public_key
+from device import load_signing_key as load_key
+
+
+def cartpole_teacher_model() -> bytes:
+    """A 4-64-2 tanh network that balances CartPole (a linear controller spread over 64 units)."""
+    import torch
+
+    from tests.device._models import export
+
+    gains = torch.tensor([0.1, 0.5, 1.0, 0.5])
+    scales = torch.linspace(0.5, 3.0, 64)
+
+    class Teacher(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hidden = torch.nn.Linear(4, 64)
+            self.out = torch.nn.Linear(64, 2)
+            with torch.no_grad():
+                self.hidden.weight.copy_(scales[:, None] * gains[None, :])
+                self.hidden.bias.zero_()
+                self.out.weight.copy_(torch.stack([-torch.ones(64), torch.ones(64)]) / 16.0)
+                self.out.bias.zero_()
+
+        def forward(self, obs: torch.Tensor) -> object:
+            logits = self.out(torch.tanh(self.hidden(obs)))
+            return torch.argmax(logits, dim=-1), logits
+
+    return export(Teacher().eval(), (torch.zeros(1, 4),), ["action", "logits"])
+
+
+def cartpole_teacher(key_dir: Path, version: int = 3) -> Bundle:
+    key_path = key_dir / "strata-signing.key"
+    if not key_path.exists():
+        generate_keypair(key_dir)
+    inf = "inf"
+    return build_bundle(
+        cartpole_teacher_model(), policy="CartPole-v1", version=version, parent_version=None,
+        observation_space={"type": "Box", "shape": [4], "dtype": "float32", "low": [f"-{inf}"] * 4,
+                           "high": [inf] * 4},
+        action_space={"type": "Discrete", "n": 2}, signing_key=load_key(key_path), target_tier="edge",
+        output_names=("action", "logits"))
+
+
+def test_student_keeps_90_percent_of_the_teachers_return(tmp_path: Path) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    teacher = cartpole_teacher(tmp_path / "keys")
+    config = DistillConfig(iterations=3, steps_per_iteration=1500, epochs=15, eval_episodes=5)
+    result = distill(teacher, env_id="CartPole-v1", signing_key=load_key(tmp_path / "keys" / "strata-signing.key"),
+                     config=config)
+    assert result.teacher_return >= 475
+    assert result.kept >= 0.9, result
+    m = result.bundle.manifest
+    assert (m.policy, m.version, m.target_tier) == ("CartPole-v1-micro", 3, "device")
+    assert m.output_names == ("action", "logits")
+    assert result.student_params < result.teacher_params / 3
+    # Signed like every bundle; a device verifier accepts it.
+    verifier = Verifier(trust=TrustStore([load_public_key(tmp_path / "keys" / "strata-signing.pub")]), tier="device")
+    verifier.verify(result.bundle.to_bytes())
+    # Observation normalisation lives inside the graph: raw observations in.
+    executor = NumpyExecutor.from_bundle(result.bundle)
+    out = executor.run({"obs": np.zeros((3, 4), np.float32)})
+    assert out["action"].shape == (3,) and out["logits"].shape == (3, 2)
+
+
+def test_int8_weights_and_relu(tmp_path: Path) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    teacher = cartpole_teacher(tmp_path / "keys")
+    config = DistillConfig(iterations=1, steps_per_iteration=500, epochs=2, eval_episodes=1, weights="int8",
+                           activation="relu", hidden_sizes=(8,))
+    result = distill(teacher, env_id="CartPole-v1", signing_key=load_key(tmp_path / "keys" / "strata-signing.key"),
+                     config=config, policy="tiny", version=9)
+    assert "DequantizeLinear" in str(result.bundle.model) or b"DequantizeLinear" in result.bundle.model
+    assert result.bundle.manifest.policy == "tiny" and result.bundle.manifest.version == 9
+
+
+def test_bad_config_is_refused() -> None:
+    from device import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape("DistillConfig: iterations must be >= 1, got 0")):
+        DistillConfig(iterations=0)
+
+
+@pytest.mark.slow
+def test_distil_a_trained_ppo_run(tmp_path: Path) -> None:
+    import torch
+
+    from cloud._train import train
+
+    torch.set_num_threads(1)
+    run = train(env_id="CartPole-v1", total_steps=200_000, run_dir=tmp_path / "run", seed=1, target_return=475,
+                progress=False)
+    generate_keypair(tmp_path / "keys")
+    result = distill(run.run_dir, env_id="CartPole-v1", signing_key=load_key(tmp_path / "keys" / "strata-signing.key"),
+                     config=DistillConfig(eval_episodes=10))
+    assert result.kept >= 0.9, result
