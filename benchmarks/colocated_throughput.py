@@ -7,7 +7,8 @@ Env steps/s with actions chosen in the parent process (pre-drawn random actions)
 - async:    gymnasium AsyncVectorEnv(shared_memory=True) over the same 2K envs (one process per env, its design);
 - subproc:  Stable-Baselines3 SubprocVecEnv over the same 2K envs (one process per env, fork);
 - sync:     gymnasium SyncVectorEnv of 2K envs in this process;
-- single:   the plain one-env step loop in this process (the per-core limit; x2 is "linear scaling").
+- single:   the plain one-env step loop in this process (the per-core limit; x2 is "linear scaling");
+- strata 2Kx1 (heavy env only): strata with one worker per env, the process count async and subproc use.
 
 Also numpy-vectorised CartPole (`gymnasium.make_vec(..., vectorization_mode="vector_entry_point")`) in the
 workers vs in this process, and co-located inference (an MLP 4-64-64-2 ONNX policy): batched in the
@@ -110,6 +111,13 @@ def interleaved(variants: dict[str, tuple[Callable[[], Any], list[np.ndarray], i
 def build_strata(env_id: str, k: int, *, vectorized: bool = False) -> Any:
     pool = SharedMemoryVectorEnv.make(env_id, num_workers=WORKERS, envs_per_worker=k, vectorized=vectorized,
                                       config=ColocatedConfig(num_workers=WORKERS))
+    pool.reset(seed=0)
+    return pool.step, pool.close
+
+
+def build_strata_per_env(env_id: str, k: int) -> Any:
+    """A pool with one worker process per env (2K workers), the process count AsyncVectorEnv uses."""
+    pool = SharedMemoryVectorEnv.make(env_id, num_workers=WORKERS * k, envs_per_worker=1)
     pool.reset(seed=0)
     return pool.step, pool.close
 
@@ -287,6 +295,8 @@ def main() -> None:
                 v: (functools.partial(builders[v], env_id, k), batches, n) for v in variants
             }
             todo["single"] = (functools.partial(build_single, env_id), single_batches, 1)
+            if env_id == HEAVY_ID and k > 1:
+                todo["strata_per_env"] = (functools.partial(build_strata_per_env, env_id, k), batches, n)
             rates = interleaved(todo, repeats, window)
             single = rates.pop("single")
             figures[f"{env_id}/{k}/single"] = single
@@ -297,11 +307,15 @@ def main() -> None:
             ratios[f"{key}/strata_vs_subproc"] = rates["strata"] / rates["subproc"]
             ratios[f"{key}/strata_vs_sync"] = rates["strata"] / rates["sync"]
             ratios[f"{key}/strata_vs_linear"] = rates["strata"] / (WORKERS * single)
+            if "strata_per_env" in rates:
+                ratios[f"{key}/strata_per_env_vs_async"] = rates["strata_per_env"] / rates["async"]
             rows.append((env_id, k, rates, single))
             print(f"{env_id:26s} 2x{k:<3d} strata {rates['strata']:>10,.0f}  async {rates['async']:>10,.0f}  "
                   f"subproc {rates['subproc']:>10,.0f}  sync {rates['sync']:>10,.0f}  single {single:>10,.0f}  "
                   f"strata/async {ratios[f'{key}/strata_vs_async']:5.2f}  "
-                  f"strata/(2*single) {ratios[f'{key}/strata_vs_linear']:5.2f}", flush=True)
+                  f"strata/(2*single) {ratios[f'{key}/strata_vs_linear']:5.2f}"
+                  + (f"  strata {n}x1 {rates['strata_per_env']:>8,.0f}" if "strata_per_env" in rates else ""),
+                  flush=True)
 
     for k in vec_sizes:
         n = WORKERS * k

@@ -56,10 +56,12 @@ class ColocatedConfig:
     """multiprocessing start method (fork, forkserver, spawn); None uses the platform default."""
 
     # Waiting
-    worker_spin_us: float = 100.0
-    """How long a worker polls (yielding the CPU) for its next command before it blocks (microseconds)."""
-    parent_spin_us: float = 50.0
-    """How long the parent polls (yielding the CPU) for a worker's results before it blocks (microseconds)."""
+    worker_spin_us: float | None = None
+    """How long a worker polls (yielding the CPU) for its next command before it blocks, in microseconds;
+    None: 100 if the host has a core to spare for it (cpu_count >= num_workers + 2), else 0 (block at once)."""
+    parent_spin_us: float | None = None
+    """How long the parent polls for a worker's results before it blocks, in microseconds; None: 50 if the host
+    has a core to spare (cpu_count >= num_workers + 2), else 0."""
 
     # Faults
     step_timeout_s: float = 60.0
@@ -87,7 +89,7 @@ class ColocatedConfig:
                 f"ColocatedConfig.on_worker_failure must be 'restart' or 'raise', got {self.on_worker_failure!r}"
             )
         for name in ("worker_spin_us", "parent_spin_us"):
-            if getattr(self, name) < 0:
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ConfigError(f"ColocatedConfig.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("step_timeout_s", "start_timeout_s", "close_timeout_s"):
             if getattr(self, name) <= 0:
@@ -110,6 +112,18 @@ class PoolCounters:
     """Steps in which an env raised."""
     dropped_episodes: int = 0
     """Episodes cut short by a restart (one per env of each restarted worker)."""
+
+
+def spin_times_us(config: ColocatedConfig, num_workers: int) -> tuple[float, float]:
+    """The (worker, parent) spin times in microseconds that `config` asks for on this host.
+
+    Spinning only pays when the spinner has a core of its own: on the 2-core host with 2 workers and the
+    parent, blocking at once measured 32k vs 18k steps/s (2x1 CartPole) and 95k vs 83k (2x32) under load.
+    """
+    spare = (os.cpu_count() or 1) >= num_workers + 2
+    worker = config.worker_spin_us if config.worker_spin_us is not None else (100.0 if spare else 0.0)
+    parent = config.parent_spin_us if config.parent_spin_us is not None else (50.0 if spare else 0.0)
+    return worker, parent
 
 
 def _impl() -> Any:

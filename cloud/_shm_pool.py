@@ -3,7 +3,7 @@
 Pipeline of one step, per worker process (W workers, K envs each, N = W*K):
 
     parent: write actions into shm ─> bump cmd_seq[w, slot] ─> post cmd_sem[w]
-    worker: spin-then-block on cmd_sem[w] ─> step its envs of `slot` ─> write obs/reward/flags (and
+    worker: spin-then-block (Spinner) on cmd_sem[w] ─> step its envs of `slot` ─> write obs/reward/flags (and
             pickled infos only if an env returned a non-empty info) ─> done_seq[w, slot] = seq ─> post done_sem[w][slot]
     parent: spin-then-block on done_sem[w][slot] (slicing the block to check liveness and the timeout)
 
@@ -41,7 +41,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from cloud._colocated import ColocatedConfig, PoolCounters
+from cloud._colocated import ColocatedConfig, PoolCounters, spin_times_us
 from cloud._errors import EnvWorkerError, PoolStateError, UnsupportedSpaceError, WorkerFailedError
 from cloud._shm import ShmArena, ShmLayout, attach
 
@@ -65,26 +65,49 @@ class WorkerState(enum.Enum):
     CLOSED = "closed"
 
 
-def spin_then_block(sem: Semaphore, ready: Callable[[], bool], spin_s: float, block_s: float) -> bool:
-    """Wait for one post of `sem`: poll `ready` (a shared counter) for `spin_s`, yielding the CPU, then block.
+class Spinner:
+    """Spin-then-block waits on a semaphore whose poster first bumps a shared counter, with adaptive spinning.
 
-    The poster always writes its counter and then posts, so once `ready` is seen the post is at most a few
-    instructions away and taking it does not sleep. Polling the counter costs ~0.1 us, a try-acquire several
-    times that; yielding between polls matters on a 2-core host, where three busy-polling processes would
-    steal each other's time slices (measured: 1 ms of pure spinning drops 2x1 CartPole from ~40k to ~1k
-    steps/s; yielding keeps ~46k). Returns False if nothing was posted within `block_s` after the spin.
+    `wait` polls `ready` (the counter; ~0.1 us a poll, against several times that for a try-acquire) for up to
+    `spin_s`, yielding the CPU between polls, then blocks on the semaphore. The poster always writes its
+    counter and then posts, so once `ready` is seen the post is a few instructions away and taking it does
+    not sleep. Measured on the 2-core host: spinning without yielding lets three processes steal each other's
+    time slices (1 ms of it drops 2x1 CartPole from ~40k to ~1k steps/s); yielding keeps ~46k on a quiet
+    machine, but on a loaded one a yield hands the core to another process for a whole time slice, and a
+    plain futex block (woken with the scheduler's wake-up preference) is faster. So the spinner stops
+    spinning after `misses` waits in a row that outlast the spin, for the next `pause` waits, then tries again.
     """
-    if not ready() and spin_s > 0:
-        deadline = time.perf_counter() + spin_s
-        while not ready():
-            if time.perf_counter() > deadline:
-                break
+
+    def __init__(self, spin_s: float, *, misses: int = 4, pause: int = 256) -> None:
+        self.spin_s = spin_s
+        self._limit, self._pause = misses, pause
+        self._misses = 0
+        self._skip = 0
+
+    def wait(self, sem: Semaphore, ready: Callable[[], bool], block_s: float) -> bool:
+        """Take one post of `sem`; False if nothing was posted within `block_s` after the spin."""
+        if ready() or self.spin_s <= 0:
+            return sem.acquire(True, block_s)
+        if self._skip:
+            self._skip -= 1
+            return sem.acquire(True, block_s)
+        deadline = time.perf_counter() + self.spin_s
+        while True:
             os.sched_yield()
-    return sem.acquire(True, block_s)
+            seen = ready()
+            if time.perf_counter() > deadline:
+                break  # seen or not, this wait outlasted the spin (a yield can cost a whole time slice)
+            if seen:
+                self._misses = 0
+                return sem.acquire(True, block_s)
+        self._misses += 1
+        if self._misses >= self._limit:
+            self._misses, self._skip = 0, self._pause
+        return sem.acquire(True, block_s)
 
 
 def _reached(row: np.ndarray, slot: int, target: int) -> Callable[[], bool]:
-    """A `ready` test for `spin_then_block`: has the worker's done counter for `slot` reached `target`?"""
+    """A `ready` test for `Spinner.wait`: has the worker's done counter for `slot` reached `target`?"""
     return lambda: bool(row[slot] >= target)
 
 
@@ -369,7 +392,7 @@ def _worker_main(
     cmd_seq, done_seq, ctrl_seq = arrays["cmd_seq"][w], arrays["done_seq"][w], arrays["ctrl_seq"]
     last = list(spec.start_done)
     last_ctrl = spec.start_ctrl
-    spin_s = spec.spin_s
+    spinner = Spinner(spec.spin_s)
     row = cmd_seq
 
     def ready() -> bool:
@@ -377,7 +400,7 @@ def _worker_main(
 
     try:
         while True:
-            if not spin_then_block(cmd_sem, ready, spin_s, 1.0):
+            if not spinner.wait(cmd_sem, ready, 1.0):
                 if not _alive(spec.parent_pid):
                     return  # the parent is gone: nothing will read our results
                 continue
@@ -495,6 +518,8 @@ class SharedMemoryVectorEnv(VectorEnv):
                 )
             groups = [(None, fn) for fn in vector_env_fns]
         self.num_envs = n = num_workers * per_worker
+        self._worker_spin_us, parent_spin_us = spin_times_us(config, num_workers)
+        self._spinner = Spinner(parent_spin_us * 1e-6)
         self.metadata["autoreset_mode"] = self.autoreset_mode
         self.observation_space = batch_space(self.single_observation_space, n)
         self.action_space = batch_space(self.single_action_space, n)
@@ -577,7 +602,7 @@ class SharedMemoryVectorEnv(VectorEnv):
             vector_fn=vector_fn,
             slot_envs=wk.slot_envs,
             autoreset_mode=self.autoreset_mode.value,
-            spin_s=self.config.worker_spin_us * 1e-6,
+            spin_s=self._worker_spin_us * 1e-6,
             info_bytes=self.config.info_bytes,
             fresh=fresh,
             start_done=(
@@ -653,23 +678,25 @@ class SharedMemoryVectorEnv(VectorEnv):
             wk.pipe.close()
             wk.pipe = None
 
-    def _restart(self, wk: _Worker, reason: str, *, reissue: bool) -> None:
-        """Replace a failed worker by a fresh one; its envs report their dropped episodes on their next step."""
+    def _restart(self, wk: _Worker, reason: str, *, abandon: int | None) -> None:
+        """Replace a failed worker by a fresh one; its envs report their dropped episodes on their next step.
+
+        A step command of slot `abandon` that the old worker did not finish is dropped (marked done, no result);
+        every other unfinished command is handed to the new worker, whose envs answer it with the truncation.
+        """
         log.warning("SharedMemoryVectorEnv: restarting worker %d (%s)", wk.index, reason)
         wk.state = WorkerState.FAILED
         self._kill(wk)
         self.counters.worker_restarts += 1
         self.counters.dropped_episodes += wk.num_envs
         w = wk.index
-        if not reissue:
-            # Outstanding commands are abandoned: mark them done so the new worker starts after them.
-            self._done_seq[w] = self._cmd_seq[w]
+        if abandon is not None:
+            self._done_seq[w, abandon] = self._cmd_seq[w, abandon]
         self._start_worker(wk, fresh=True)
         self._await_ready(wk)
         assert wk.cmd_sem is not None
-        if reissue:
-            for _ in range(int((self._cmd_seq[w] - self._done_seq[w]).sum())):
-                wk.cmd_sem.release()
+        for _ in range(int((self._cmd_seq[w] - self._done_seq[w]).sum())):
+            wk.cmd_sem.release()
 
     # -- stepping -------------------------------------------------------------------------------------------
 
@@ -720,8 +747,9 @@ class SharedMemoryVectorEnv(VectorEnv):
             )
         started = self._in_flight[slot]
         limit = self.config.step_timeout_s if timeout is None else timeout
-        spin_s = self.config.parent_spin_us * 1e-6
+        spinner = self._spinner
         errors: list[tuple[_Worker, Any]] = []
+        failure: WorkerFailedError | None = None
         n = len(self._slot_indices[slot])
         infos: dict[str, Any] = {}
         blobs: list[Any] = []
@@ -730,7 +758,7 @@ class SharedMemoryVectorEnv(VectorEnv):
             done_row, target = self._done_seq[w], int(self._cmd_seq[w, slot])
             while done_row[slot] < target:
                 assert wk.done_sems is not None
-                if spin_then_block(wk.done_sems[slot], _reached(done_row, slot, target), spin_s, 0.05):
+                if spinner.wait(wk.done_sems[slot], _reached(done_row, slot, target), 0.05):
                     continue
                 crashed = wk.process.exitcode is not None
                 if not crashed and time.monotonic() - started < limit:
@@ -742,23 +770,27 @@ class SharedMemoryVectorEnv(VectorEnv):
                     self.counters.worker_timeouts += 1
                     reason = f"no answer within {limit} s"
                 if self.config.on_worker_failure == "raise":
-                    self._restart(wk, reason, reissue=False)
-                    self._in_flight.pop(slot, None)
-                    raise WorkerFailedError(
+                    self._restart(wk, reason, abandon=slot)
+                    failure = failure or WorkerFailedError(
                         f"SharedMemoryVectorEnv.{what}: worker {w} (envs {wk.base}..{wk.base + wk.num_envs - 1}) "
                         f"{reason}; it was restarted and its envs report truncated on their next step",
                         worker_index=w,
                     )
-                self._restart(wk, reason, reissue=True)
+                    break
+                self._restart(wk, reason, abandon=None)
                 started = time.monotonic()
                 done_row, target = self._done_seq[w], int(self._cmd_seq[w, slot])
             wk.state = WorkerState.READY
+            if failure is not None and failure.worker_index == w:
+                continue
             length = int(self._info_len[w, slot])
             if self._status[w, slot] == _ERROR:
                 errors.append((wk, pickle.loads(self._info_buf[w, slot, :length].tobytes())))
             elif length:
                 blobs.append(pickle.loads(self._info_buf[w, slot, :length].tobytes()))
         del self._in_flight[slot]
+        if failure is not None:
+            raise failure
         if errors:
             self._handle_env_errors(errors, slot, timeout, what)
             return self._collect_after_restart(slot, timeout, what)
@@ -770,7 +802,7 @@ class SharedMemoryVectorEnv(VectorEnv):
         self.counters.env_errors += len(errors)
         raise_it = self.config.on_env_error == "raise"
         for wk, _payload in errors:
-            self._restart(wk, "an env raised", reissue=False)
+            self._restart(wk, "an env raised", abandon=slot)
         if raise_it:
             wk, payload = errors[0]
             self._raise_env_error(wk, payload, f"stepping ({what})")
@@ -928,7 +960,7 @@ class SharedMemoryVectorEnv(VectorEnv):
             try:
                 status, payload = self._recv(wk, limit, what)
             except WorkerFailedError as exc:
-                self._restart(wk, str(exc), reissue=False)
+                self._restart(wk, str(exc), abandon=None)
                 crash = crash or exc
                 continue
             if status != "ok":
