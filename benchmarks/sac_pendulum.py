@@ -42,13 +42,13 @@ def random_policy_returns(episodes: int, seed: int) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one seed, 3000 steps, 10 episodes (< 1 minute)")
-    parser.add_argument("--steps", type=int, default=None, help="env steps per seed (default 15000; quick 3000)")
+    parser.add_argument("--quick", action="store_true", help="one seed, 2000 steps, 5 episodes (< 1 minute)")
+    parser.add_argument("--steps", type=int, default=None, help="env steps per seed (default 15000; quick 2000)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0 1 2; quick 0)")
     args = parser.parse_args()
-    steps = args.steps or (3000 if args.quick else 15_000)
+    steps = args.steps or (2000 if args.quick else 15_000)
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
-    episodes = 10 if args.quick else 20
+    episodes = 5 if args.quick else 20
     config = SACConfig(eval_episodes=episodes)
 
     rows = []
