@@ -377,3 +377,35 @@ def test_large_inserts_that_wrap_keep_the_tree_and_keys_consistent() -> None:
         assert batch is not None
         np.testing.assert_array_equal(batch.keys, batch.data["step"])
         assert batch.keys.min() >= 36
+
+
+def _grpc_actor(address: str, start: int, count: int) -> None:
+    from cloud._replay_grpc import GrpcReplayClient
+
+    client = GrpcReplayClient(address, signature=SIG)
+    try:
+        for i in range(start, start + count, 10):
+            assert client.insert(items(i, 10), timeout=30)
+    finally:
+        client.close()
+
+
+def test_decoupled_actor_processes_insert_over_grpc() -> None:
+    ctx = multiprocessing.get_context("spawn")
+    config = ReplayConfig(capacity=1000, min_size_to_sample=50, samples_per_insert=1.0, error_buffer=100.0)
+    with ReplayServer(SIG, config, seed=0) as server:
+        learner = make_replay("grpc", SIG, config, address=server.address)
+        actors = [ctx.Process(target=_grpc_actor, args=(server.address, 1000 * i, 200)) for i in range(2)]
+        for p in actors:
+            p.start()
+        sampled = 0
+        while sampled < 300:
+            batch = learner.sample(25, timeout=30)
+            assert batch is not None
+            sampled += 25
+        for p in actors:
+            p.join(30)
+            assert p.exitcode == 0
+        _, arrays = learner.export_state()
+        assert sorted(arrays["step"]) == [*range(200), *range(1000, 1200)]
+        learner.close()
