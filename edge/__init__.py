@@ -7,6 +7,7 @@ Start with `EdgeAgent` (``strata edge run``), `Publisher` / `publish_bundle` (``
 from edge._agent import AgentCounters, EdgeAgent, EdgeAgentConfig
 from edge._broker_config import BrokerFiles, mosquitto_hash, write_broker_config
 from edge._cache import PolicyCache
+from edge._demo import FleetDemoResult, run_fleet_demo
 from edge._embedded_broker import EmbeddedBroker
 from edge._errors import CacheError, EdgeConfigError, EdgeError, PayloadError, PublishError
 from edge._fleet import FleetMonitor, NodeView, format_fleet_table
@@ -40,6 +41,7 @@ __all__ = [
     "EdgeError",
     "EmbeddedBroker",
     "Experience",
+    "FleetDemoResult",
     "FleetMonitor",
     "FleetTopics",
     "HealthConfig",
@@ -65,6 +67,7 @@ __all__ = [
     "mosquitto_hash",
     "parse_broker_url",
     "publish_bundle",
+    "run_fleet_demo",
     "split_bundle",
     "write_broker_config",
 ]

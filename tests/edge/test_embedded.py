@@ -21,3 +21,14 @@ def test_agents_switch_on_the_embedded_broker(tmp_path: Path) -> None:
             with FleetMonitor(broker=broker.url, fleet="demo") as monitor:
                 wait_until(lambda: sorted((v.node, v.version) for v in monitor.snapshot()) == [("n0", 2), ("n1", 2)],
                            timeout=30, what="fleet view")
+
+
+def test_run_fleet_demo_on_the_embedded_broker(tmp_path: Path) -> None:
+    from edge import run_fleet_demo
+
+    key, pub = make_keys(tmp_path / "keys")
+    result = run_fleet_demo(cartpole_bundle(key, 3), trust=pub, work_dir=tmp_path / "edge", nodes=2,
+                            act_seconds=0.3)
+    assert [(v.node, v.version, v.online) for v in result.views] == [("edge-0", 3, True), ("edge-1", 3, True)]
+    assert all(v.steps for v in result.views)
+    assert "edge-0" in result.table
