@@ -275,6 +275,7 @@ class ServerlessStats:
                 "function_errors": self.function_errors, "duplicates_dropped": self.duplicates_dropped,
                 "rollouts": self.rollouts, "fragments": self.fragments, "transitions": self.transitions,
                 "gb_seconds": round(self.gb_seconds, 6), "cost_usd": self.cost_usd(),
+                "cost_usd_per_million_steps": self.cost_usd() / self.transitions * 1e6 if self.transitions else 0.0,
                 "max_concurrency": max((c[2] for c in self.concurrency), default=0)}
 
 

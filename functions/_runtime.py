@@ -318,7 +318,7 @@ class _Worker:
         self._init_error: bytes | None = None
         self._log = bytearray()
         self._log_lock = threading.Lock()
-        self._shim = ThreadingHTTPServer(("127.0.0.1", 0), _make_shim_handler(self))
+        self._shim = _QuietServer(("127.0.0.1", 0), _make_shim_handler(self))
         self._shim.daemon_threads = True
         threading.Thread(target=self._shim.serve_forever, name=f"shim-{spec.name}", daemon=True).start()
         env = self._environment(runtime.config, runtime.faults)
@@ -502,6 +502,18 @@ def _make_shim_handler(worker: _Worker) -> type[BaseHTTPRequestHandler]:
     return Shim
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A threading HTTP server that does not print a traceback when a peer goes away mid-request."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | OSError):
+            return  # a killed worker or a client that gave up: nothing to report
+        super().handle_error(request, client_address)
+
+
 def _write_response(handler: BaseHTTPRequestHandler, status: int, body: bytes, headers: Mapping[str, str]) -> None:
     # One write for status line, headers and body: with separate writes Nagle + delayed ACK add ~40 ms.
     lines = [f"HTTP/1.1 {status} {handler.responses.get(status, ('',))[0]}"]
@@ -560,7 +572,7 @@ class LocalRuntime:
     # -- lifecycle --
     def start(self) -> LocalRuntime:
         """Bind and serve in a background thread; returns self."""
-        self._server = ThreadingHTTPServer((self.config.host, self.config.port), _make_api_handler(self))
+        self._server = _QuietServer((self.config.host, self.config.port), _make_api_handler(self))
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, name="lambda-api", daemon=True).start()
         return self

@@ -177,9 +177,10 @@ def test_autoscaler_learns_the_cold_start_cost() -> None:
 
 
 def test_cost_estimate_uses_documented_prices() -> None:
-    stats = ServerlessStats(invocations=1_000_000, gb_seconds=400_000)
+    stats = ServerlessStats(invocations=1_000_000, gb_seconds=400_000, transitions=2_000_000_000)
     assert PRICE_PER_GB_S == 0.0000166667 and PRICE_PER_REQUEST == 0.20 / 1_000_000
     assert stats.cost_usd() == pytest.approx(400_000 * 0.0000166667 + 0.20)
+    assert stats.summary()["cost_usd_per_million_steps"] == pytest.approx(stats.cost_usd() / 2000)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
