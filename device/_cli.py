@@ -1,4 +1,4 @@
-"""Device-tier commands: `strata keys generate`, `strata bundle inspect` and `strata bundle verify`."""
+"""Device-tier commands: `strata keys generate`, `strata bundle inspect|verify`, `strata device run|export-c`."""
 
 from __future__ import annotations
 
@@ -47,6 +47,77 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     verify.add_argument("--accept", action="store_true",
                         help="record the verified version in --state as the highest accepted")
     verify.set_defaults(func=_bundle_verify)
+    _register_device(sub)
+
+
+def _register_device(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from device._config import add_config_arguments
+    from device._device_run import DeviceConfig
+
+    device = sub.add_parser("device", help="run a terminal device; export micro policies to C",
+                            description="The terminal-device tier: micro policies that escalate to their edge node.")
+    device_sub = device.add_subparsers(dest="device_command", metavar="COMMAND", required=True)
+    run = device_sub.add_parser(
+        "run", help="act on a local env with a micro policy relayed by the edge, escalating uncertain steps",
+        description="Connect to the edge node's broker with the stdlib MQTT client, wait for a verified device "
+        "bundle on the edge's device-policy topic, act on a local gymnasium env (standing in for sensors) with "
+        "the numpy executor and escalate low-confidence or stale decisions to the edge within a latency budget. "
+        "Ends with one JSON line: returns, decisions per tier, escalated fraction, latencies.")
+    run.add_argument("--env", required=True, metavar="ID", help="gymnasium env id standing in for the sensors")
+    run.add_argument("--steps", type=int, default=1000, metavar="N", help="decisions to make (default: %(default)s)")
+    run.add_argument("--seed", type=int, default=0, help="env seed (default: %(default)s)")
+    add_config_arguments(run.add_argument_group("device (DeviceConfig)"), DeviceConfig)
+    run.set_defaults(func=_device_run)
+
+    export_c = device_sub.add_parser(
+        "export-c", help="write a micro policy as dependency-free C99 (static weights, no malloc, libm only)",
+        description="Translate a bundle's dense-MLP policy into strata_policy.h / strata_policy.c (API: int32_t "
+        "strata_policy_act(const float *obs, float *out)) plus a test harness strata_policy_main.c. Operators "
+        "outside the supported set are refused by name.")
+    export_c.add_argument("--bundle", required=True, type=Path, metavar="FILE", help="policy bundle (.bundle)")
+    export_c.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder to write the C files into")
+    export_c.set_defaults(func=_device_export_c)
+
+
+def _device_run(args: argparse.Namespace) -> int:
+    from device._config import config_from_args
+    from device._deps import require
+    from device._device_run import DeviceConfig, DeviceRuntime, run_device
+
+    config = config_from_args(DeviceConfig, args)
+    # The env stands in for the device's sensors; only this command needs gymnasium, so it is imported here.
+    gym = require("gymnasium", extra="edge", purpose="the local observation stream of `strata device run`")
+    env = gym.make(args.env)
+    with DeviceRuntime(config) as runtime:
+        bundle = runtime.wait_for_policy(config.policy_wait_s)
+        m = bundle.manifest
+        print(f"strata device run: {config.device_id}: micro policy {m.policy!r} v{m.version} from edge "
+              f"{config.edge_node}", flush=True)
+        report = run_device(runtime, env, steps=args.steps, seed=args.seed)
+    env.close()
+    summary = report.summary()
+    by = summary["by_tier"]
+    print(f"strata device run: {report.steps} decisions: device {by['device']}, edge {by['edge']}, fallback "
+          f"{by['device-fallback']} ({summary['escalated_fraction']:.1%} escalated); "
+          f"{summary['episodes']} episodes, mean return {summary['mean_return']}")
+    print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+def _device_export_c(args: argparse.Namespace) -> int:
+    from device._bundle import Bundle
+    from device._export_c import export_c
+
+    bundle = Bundle.from_bytes(_read_file(args.bundle, "strata device export-c"))
+    discrete = bundle.manifest.action_space.get("type") == "Discrete"
+    policy, paths = export_c(bundle.model, args.out, discrete=discrete)
+    m = bundle.manifest
+    print(f"strata device export-c: {m.policy!r} v{m.version}: {policy.num_weights} float constants, obs dim "
+          f"{policy.obs_dim}, {'logits' if discrete else 'action'} dim {policy.out_dim}")
+    for path in paths:
+        print(f"  wrote {path}")
+    print(f"  build: gcc -std=c99 -O2 -o policy {paths[1]} {paths[2]} -lm")
+    return 0
 
 
 def _keys_generate(args: argparse.Namespace) -> int:

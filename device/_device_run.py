@@ -1,0 +1,407 @@
+"""A terminal device: runs its micro policy locally and escalates uncertain observations to its edge node.
+
+Per decision (`TieredController.decide`):
+
+1. the micro policy (`NumpyExecutor`) computes its action and, for Discrete policies, a confidence from its
+   logits: ``margin`` (top-1 minus top-2 probability) or ``entropy`` (1 minus the normalised entropy);
+2. the observation is escalated when the confidence is under the threshold, or when the policy is stale
+   (older than ``stale_after_s``, or past its expiry); Box policies have no logits and escalate only when stale;
+3. an escalation is one request to the edge with a correlation id; the device waits at most the latency budget
+   for the reply, and on timeout (or when the edge has no answer or the link is down) uses its own action;
+4. every decision records the tier that decided it: ``device``, ``edge`` or ``device-fallback``.
+
+`DeviceRuntime` is the I/O around it, on the stdlib MQTT client (`device._mqtt_lite`): it receives device
+bundles on its edge's retained device-policy topic, verifies each (`Verifier`, tier ``device``: signature,
+digest, expiry, anti-rollback persisted in a state file) and swaps the executor only for a bundle that passes;
+a refused bundle leaves the running policy in place. Topics and payloads are in `device._device_topics`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from device._bundle import Bundle, Verifier
+from device._bundle_errors import BundleError, ModelError
+from device._device_topics import DevicePayloadError, DeviceTopics, EscalationReply, EscalationRequest
+from device._errors import ConfigError, StrataError
+from device._executor import NumpyExecutor
+from device._keys import TrustStore
+from device._mqtt_lite import MqttLiteClient, MqttLiteError
+
+Tier = Literal["device", "edge", "device-fallback"]
+TIERS: tuple[Tier, ...] = ("device", "edge", "device-fallback")
+
+
+class DeviceRunError(StrataError):
+    """The device cannot run: no policy arrived in time, or the link to the edge cannot be made."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceConfig:
+    """A terminal device: where its edge is, how it decides, and when it escalates."""
+
+    # Link
+    broker: str = "mqtt://127.0.0.1:1883"
+    """MQTT broker the edge node serves its devices on: ``mqtt://host:port`` (TLS is not supported here)."""
+    fleet: str = "default"
+    """Fleet name (topic segment)."""
+    edge_node: str = "edge-0"
+    """Id of the edge node this device belongs to."""
+    device_id: str = "device-0"
+    """This device's id; also its MQTT client id."""
+    trust: tuple[str, ...] = ()
+    """Trusted public key files (PEM) that may sign device bundles."""
+    state_path: str | None = None
+    """Anti-rollback state file (JSON); None keeps it in memory only."""
+    keepalive_s: int = 30
+    """MQTT keepalive."""
+
+    # Decisions
+    confidence: Literal["margin", "entropy"] = "margin"
+    """Confidence measure of a Discrete micro policy: probability margin or 1 - normalised entropy."""
+    threshold: float = 0.5
+    """Escalate when the confidence is below this (0 never escalates for confidence)."""
+    budget_ms: float = 20.0
+    """Latency budget of an escalation; past it the device acts on its own action."""
+    stale_after_s: float | None = None
+    """A policy older than this (seconds since its bundle was created) is stale: every decision escalates."""
+    policy_wait_s: float = 10.0
+    """How long `strata device run` waits for the first micro policy."""
+
+    def __post_init__(self) -> None:
+        DeviceTopics(self.fleet, self.edge_node).request(self.device_id)  # validates the segments
+        if self.confidence not in ("margin", "entropy"):
+            raise ConfigError(f"DeviceConfig: confidence must be 'margin' or 'entropy', got {self.confidence!r}")
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ConfigError(f"DeviceConfig: threshold must be in [0, 1], got {self.threshold}")
+        if not self.budget_ms > 0:
+            raise ConfigError(f"DeviceConfig: budget_ms must be > 0, got {self.budget_ms}")
+
+
+def confidence_of(logits: np.ndarray, measure: str) -> float:
+    """Confidence in [0, 1] of one row of logits: probability margin or 1 - normalised entropy."""
+    z = np.asarray(logits, dtype=np.float64).reshape(-1)
+    if z.size < 2:
+        return 1.0
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if measure == "margin":
+        top = np.partition(p, -2)[-2:]
+        return float(top[1] - top[0])
+    entropy = -float(np.sum(p * np.log(np.clip(p, 1e-12, None))))
+    return 1.0 - entropy / math.log(z.size)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One decided observation."""
+
+    action: Any
+    """The env action: an int for Discrete, a float32 array for Box."""
+    tier: Tier
+    """Who decided: the device's micro policy, the edge's policy, or the device after an escalation failed."""
+    reason: str
+    """``confident``, ``low-confidence`` or ``stale`` (why it was or was not escalated), plus the fallback cause."""
+    confidence: float
+    latency_s: float
+    """Wall time of the whole decision, escalation included."""
+    edge_version: int | None = None
+    """Version of the edge policy that decided, for ``tier == "edge"``."""
+
+
+Escalate = Callable[[np.ndarray, float], "EscalationReply | None"]
+
+
+class MicroPolicy(Protocol):
+    """What the controller runs: `NumpyExecutor`'s ``run`` and ``act``."""
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]: ...
+
+    def act(self, obs: Any) -> np.ndarray: ...
+
+
+class TieredController:
+    """The decision rule of the module docstring, independent of any transport.
+
+    Args:
+        executor: The micro policy.
+        discrete: Whether the action space is Discrete.
+        escalate: ``escalate(obs, budget_s)`` returns the edge's reply, or None on timeout / no link.
+        confidence: Measure used for Discrete policies.
+        threshold: Escalate below this confidence.
+        budget_ms: Latency budget handed to `escalate`.
+        is_stale: Whether the running policy is stale now.
+        clock: Monotonic clock.
+    """
+
+    def __init__(self, executor: MicroPolicy, *, discrete: bool, escalate: Escalate, confidence: str = "margin",
+                 threshold: float = 0.5, budget_ms: float = 20.0, is_stale: Callable[[], bool] = lambda: False,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.executor, self.discrete, self.escalate = executor, discrete, escalate
+        self.measure, self.threshold, self.budget_s = confidence, threshold, budget_ms / 1000.0
+        self.is_stale, self.clock = is_stale, clock
+
+    def decide(self, obs: np.ndarray) -> Decision:
+        """Decide one observation (see the module docstring)."""
+        start = self.clock()
+        x = np.asarray(obs, dtype=np.float32).reshape(1, *np.shape(obs))
+        if self.discrete:
+            out = self.executor.run({"obs": x})
+            own: Any = int(out["action"][0])
+            conf = confidence_of(out["logits"][0], self.measure)
+        else:
+            own = self.executor.act(x)[0]
+            conf = 1.0
+        stale = self.is_stale()
+        if not stale and conf >= self.threshold:
+            return Decision(own, "device", "confident", conf, self.clock() - start)
+        reason = "stale" if stale else "low-confidence"
+        reply = self.escalate(x[0], self.budget_s)
+        if reply is None or reply.action is None:
+            cause = "timeout" if reply is None else (reply.error or "no action")
+            return Decision(own, "device-fallback", f"{reason}; {cause}", conf, self.clock() - start)
+        action: Any = int(reply.action[0]) if self.discrete else np.asarray(reply.action, dtype=np.float32)
+        return Decision(action, "edge", reason, conf, self.clock() - start, reply.policy_version)
+
+
+@dataclass
+class DeviceReport:
+    """What a device run did."""
+
+    steps: int = 0
+    episodes: list[float] = field(default_factory=list)
+    """Returns of the episodes that ended."""
+    by_tier: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
+    latencies: dict[str, list[float]] = field(default_factory=lambda: {t: [] for t in TIERS})
+    policy: str | None = None
+    policy_version: int | None = None
+    bundles_refused: list[str] = field(default_factory=list)
+
+    def record(self, d: Decision) -> None:
+        """Count one decision."""
+        self.steps += 1
+        self.by_tier[d.tier] += 1
+        self.latencies[d.tier].append(d.latency_s)
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-ready summary: returns, tier counts, escalated fraction, latency percentiles (ms) per tier."""
+        def pct(xs: list[float], q: float) -> float | None:
+            return round(float(np.percentile(xs, q)) * 1000.0, 4) if xs else None
+
+        escalated = self.by_tier["edge"] + self.by_tier["device-fallback"]
+        return {"steps": self.steps, "episodes": len(self.episodes),
+                "mean_return": float(np.mean(self.episodes)) if self.episodes else None,
+                "by_tier": dict(self.by_tier), "escalated_fraction": escalated / self.steps if self.steps else 0.0,
+                "latency_ms": {t: {"p50": pct(v, 50), "p99": pct(v, 99)} for t, v in self.latencies.items()},
+                "policy": self.policy, "policy_version": self.policy_version,
+                "bundles_refused": list(self.bundles_refused)}
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("mqtt", "tcp") or not parsed.hostname:
+        raise ConfigError(f"DeviceConfig: broker {url!r} must be of the form mqtt://host:port (no TLS on the "
+                          "device link)")
+    try:
+        return parsed.hostname, parsed.port or 1883
+    except ValueError:
+        raise ConfigError(f"DeviceConfig: broker {url!r} has an invalid port") from None
+
+
+class DeviceRuntime:
+    """A device's link to its edge: policy updates in, escalations out (see the module docstring)."""
+
+    def __init__(self, config: DeviceConfig, *, trust: TrustStore | None = None, clock: Callable[[], float] = time.time
+                 ) -> None:
+        self.config = config
+        self.topics = DeviceTopics(config.fleet, config.edge_node)
+        self._reply_topic = self.topics.reply(config.device_id)
+        self._request_topic = self.topics.request(config.device_id)
+        if trust is None:
+            if not config.trust:
+                raise ConfigError("DeviceConfig: trust is empty; pass at least one --trust PUBFILE that signs "
+                                  "device bundles")
+            trust = TrustStore.from_paths([Path(p) for p in config.trust])
+        self.verifier = Verifier(trust=trust, tier="device",
+                                 state_path=Path(config.state_path) if config.state_path else None, clock=clock)
+        self._clock = clock
+        host, port = _host_port(config.broker)
+        self.client = MqttLiteClient(host=host, port=port, client_id=config.device_id, keepalive_s=config.keepalive_s,
+                                     on_message=self._on_message)
+        self._lock = threading.Lock()
+        self._policy_ready = threading.Condition(self._lock)
+        self.bundle: Bundle | None = None
+        self.executor: NumpyExecutor | None = None
+        self.refused: list[str] = []
+        self._pending: dict[str, tuple[threading.Event, list[EscalationReply]]] = {}
+        self._ids = itertools.count(1)
+        self._prefix = f"{config.device_id}-{int(time.time() * 1000) % 1_000_000}"
+        self.late_replies = 0
+        self.bad_replies = 0
+
+    # -------------------------------------------------------------------------------- link
+
+    def connect(self) -> DeviceRuntime:
+        """Connect to the broker and subscribe to the device-policy and reply topics."""
+        try:
+            self.client.connect()
+            self.client.subscribe(self._reply_topic, qos=0)
+            self.client.subscribe(self.topics.device_policy, qos=1)
+        except MqttLiteError as exc:
+            self.client.close()
+            raise DeviceRunError(f"strata device run: cannot reach the edge's broker {self.config.broker}: {exc}"
+                                 ) from None
+        return self
+
+    def close(self) -> None:
+        """Disconnect."""
+        self.client.close()
+
+    def __enter__(self) -> DeviceRuntime:
+        return self.connect()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _on_message(self, topic: str, payload: bytes, retained: bool) -> None:
+        if topic == self._reply_topic:
+            try:
+                reply = EscalationReply.decode(topic, payload)
+            except DevicePayloadError:
+                self.bad_replies += 1
+                return
+            with self._lock:
+                waiter = self._pending.get(reply.id)
+                if waiter is None:
+                    self.late_replies += 1
+                    return
+                waiter[1].append(reply)
+            waiter[0].set()
+        elif topic == self.topics.device_policy:
+            self.offer(payload)
+
+    # -------------------------------------------------------------------------------- policy
+
+    def offer(self, data: bytes) -> bool:
+        """Verify a device bundle and install it; a refused one is recorded and the running policy stays."""
+        try:
+            bundle = self.verifier.verify(data)
+            executor = NumpyExecutor.from_bundle(bundle)
+        except (BundleError, ModelError) as exc:
+            with self._lock:
+                self.refused.append(str(exc))
+            return False
+        self.verifier.accept(bundle)
+        with self._lock:
+            self.bundle, self.executor = bundle, executor
+            self._policy_ready.notify_all()
+        return True
+
+    def wait_for_policy(self, timeout: float) -> Bundle:
+        """Block until a verified micro policy is installed.
+
+        Raises:
+            DeviceRunError: None arrived within `timeout` seconds (the reason of the last refusal is named).
+        """
+        with self._lock:
+            self._policy_ready.wait_for(lambda: self.bundle is not None, timeout)
+            if self.bundle is None:
+                why = f"; the last bundle was refused: {self.refused[-1]}" if self.refused else ""
+                raise DeviceRunError(f"strata device run: no micro policy arrived on {self.topics.device_policy} "
+                                     f"within {timeout} s{why}; is the edge gateway relaying a device bundle?")
+            return self.bundle
+
+    def is_stale(self) -> bool:
+        """Whether the running policy is past `stale_after_s` or its bundle's expiry."""
+        bundle = self.bundle
+        if bundle is None:
+            return True
+        now = self._clock()
+        m = bundle.manifest
+        if m.expires_at is not None and now >= m.expires_at:
+            return True
+        return self.config.stale_after_s is not None and now - m.created_at > self.config.stale_after_s
+
+    # -------------------------------------------------------------------------------- escalation
+
+    def escalate(self, obs: np.ndarray, budget_s: float) -> EscalationReply | None:
+        """Ask the edge to decide `obs`; the reply, or None when none comes within `budget_s` or there is no link."""
+        rid = f"{self._prefix}-{next(self._ids)}"
+        event = threading.Event()
+        slot: list[EscalationReply] = []
+        with self._lock:
+            self._pending[rid] = (event, slot)
+        try:
+            request = EscalationRequest(id=rid, obs=tuple(float(v) for v in np.ravel(obs)),
+                                        budget_ms=budget_s * 1000.0)
+            try:
+                self.client.publish(self._request_topic, request.encode(), qos=0)
+            except MqttLiteError:
+                return None
+            event.wait(budget_s)
+            return slot[0] if slot else None
+        finally:
+            with self._lock:
+                self._pending.pop(rid, None)
+
+    def controller(self) -> TieredController:
+        """A `TieredController` over the installed policy that escalates through this runtime."""
+        if self.bundle is None or self.executor is None:
+            raise DeviceRunError("DeviceRuntime.controller: no micro policy is installed yet; call wait_for_policy")
+        c = self.config
+        return TieredController(_Installed(self), discrete=self.bundle.manifest.action_space.get("type") == "Discrete",
+                                escalate=self.escalate, confidence=c.confidence, threshold=c.threshold,
+                                budget_ms=c.budget_ms, is_stale=self.is_stale)
+
+
+class _Installed:
+    """The runtime's installed executor at call time, so a policy update applies from the next decision."""
+
+    def __init__(self, runtime: DeviceRuntime) -> None:
+        self._runtime = runtime
+
+    def _executor(self) -> NumpyExecutor:
+        executor = self._runtime.executor
+        if executor is None:
+            raise DeviceRunError("DeviceRuntime: the micro policy was removed while running")
+        return executor
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        return self._executor().run(feeds)
+
+    def act(self, obs: Any) -> np.ndarray:
+        return self._executor().act(obs)
+
+
+def run_device(runtime: DeviceRuntime, env: Any, *, steps: int, seed: int = 0,
+               on_decision: Callable[[Decision], None] | None = None) -> DeviceReport:
+    """Act on `env` (a gymnasium-style env standing in for sensors) for `steps` decisions; return the report."""
+    controller = runtime.controller()
+    report = DeviceReport()
+    obs, _ = env.reset(seed=seed)
+    total, episode = 0.0, 0
+    for _ in range(steps):
+        decision = controller.decide(np.asarray(obs, dtype=np.float32))
+        report.record(decision)
+        if on_decision is not None:
+            on_decision(decision)
+        obs, reward, terminated, truncated, _ = env.step(decision.action)
+        total += float(reward)
+        if terminated or truncated:
+            report.episodes.append(total)
+            total, episode = 0.0, episode + 1
+            obs, _ = env.reset(seed=seed + episode)
+    if runtime.bundle is not None:
+        report.policy, report.policy_version = runtime.bundle.manifest.policy, runtime.bundle.manifest.version
+    report.bundles_refused = list(runtime.refused)
+    return report

@@ -1,0 +1,211 @@
+"""The edge's gateway to its terminal devices: answers escalations with the edge policy and relays micro policies.
+
+Two jobs, on one MQTT link of its own (client id ``{node}-gateway``) beside the edge agent's:
+
+- **Escalations.** Requests from every device of this edge (``edges/{node}/devices/+/request``) go into a
+  bounded queue; when it is full the device is told ``busy`` at once, so it falls back without waiting out
+  its budget. One worker thread takes requests in order, drops those that waited longer than their budget
+  (the device has already acted on its own), runs the edge policy (onnxruntime, `OnnxPolicy`) on the
+  observation and replies on that device's reply topic with the request's correlation id.
+- **Relay.** A device bundle published to the fleet (``device-policy``, retained), or handed to `relay`, is
+  verified as a device-tier bundle (signature, digest, expiry, anti-rollback) and republished retained on
+  this edge's ``edges/{node}/device-policy``, where its devices read it. Devices verify it again themselves.
+
+The edge policy comes from ``policy_source``, called per request, so a gateway hosted by the edge agent
+answers with whatever policy the agent's A/B cache runs now. Topic strings are defined by the device tier
+(`device._device_topics`), the one place both sides read them from.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from device import BundleError, TrustStore, Verifier
+from device._device_topics import DevicePayloadError, DeviceTopics, EscalationReply, EscalationRequest
+from edge._errors import EdgeConfigError
+from edge._mqtt import LinkConfig, MqttLink
+from edge._policy import OnnxPolicy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayConfig:
+    """Where the gateway listens and how much it queues."""
+
+    broker: str
+    """Broker URL the devices of this edge use (``mqtt://host:port``)."""
+    fleet: str
+    """Fleet name."""
+    node: str
+    """This edge node's id."""
+    queue_size: int = 64
+    """Escalations waiting at once; beyond it requests are answered ``busy``."""
+    state_path: str | None = None
+    """Anti-rollback state of relayed device bundles (JSON); None keeps it in memory."""
+
+    def __post_init__(self) -> None:
+        DeviceTopics(self.fleet, self.node)
+        if self.queue_size < 1:
+            raise EdgeConfigError(f"GatewayConfig: queue_size must be >= 1, got {self.queue_size}")
+
+
+@dataclass
+class GatewayCounters:
+    """What the gateway did."""
+
+    served: int = 0
+    busy: int = 0
+    """Requests refused because the queue was full."""
+    expired: int = 0
+    """Requests dropped because they waited longer than their budget."""
+    no_policy: int = 0
+    bad_requests: int = 0
+    relayed: int = 0
+    refused_bundles: int = 0
+
+
+class EdgeGateway:
+    """Serves one edge node's devices (see the module docstring).
+
+    Args:
+        config: Broker, fleet, node and queue size.
+        policy_source: Returns the edge policy to answer with now, or None when the edge has none.
+        trust: Keys that may sign device bundles (for the relay); None disables the relay's verification
+            source, so only `relay` of pre-verified bytes is refused too.
+        clock: Monotonic clock for queue ages.
+    """
+
+    def __init__(self, config: GatewayConfig, *, policy_source: Callable[[], OnnxPolicy | None],
+                 trust: TrustStore | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.topics = DeviceTopics(config.fleet, config.node)
+        self.policy_source = policy_source
+        self.verifier = None if trust is None else Verifier(
+            trust=trust, tier="device", state_path=Path(config.state_path) if config.state_path else None)
+        self.counters = GatewayCounters()
+        self._clock = clock
+        self._queue: queue.Queue[tuple[str, bytes, float] | None] = queue.Queue(maxsize=config.queue_size)
+        self._link = MqttLink(LinkConfig(broker=config.broker, client_id=f"{config.node}-gateway", clean_session=True),
+                              on_message=self._on_message)
+        self._worker: threading.Thread | None = None
+        self.last_refusal: str | None = None
+
+    def start(self, *, connect_timeout: float = 10.0) -> EdgeGateway:
+        """Connect, subscribe to the devices' requests and the fleet's device bundle, start the worker."""
+        self._link.subscribe(self.topics.all_requests)
+        if self.verifier is not None:
+            self._link.subscribe(self.topics.fleet_device_policy)
+        self._link.start()
+        self._link.wait_connected(connect_timeout)
+        self._worker = threading.Thread(target=self._serve, name=f"gateway-{self.config.node}", daemon=True)
+        self._worker.start()
+        return self
+
+    @property
+    def connected(self) -> bool:
+        """Whether the gateway's link is up."""
+        return self._link.connected
+
+    def close(self) -> None:
+        """Stop the worker and the link."""
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join(timeout=5)
+            self._worker = None
+        self._link.close()
+
+    def __enter__(self) -> EdgeGateway:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------ relay
+
+    def relay(self, data: bytes) -> bool:
+        """Verify a device bundle and publish it retained to this edge's devices; False (and why) if refused."""
+        if self.verifier is None:
+            self.counters.refused_bundles += 1
+            self.last_refusal = "the gateway has no trusted keys to verify device bundles with"
+            return False
+        try:
+            bundle = self.verifier.verify(data)
+        except BundleError as exc:
+            self.counters.refused_bundles += 1
+            self.last_refusal = str(exc)
+            log.warning("gateway %s: refused device bundle: %s", self.config.node, exc)
+            return False
+        self._link.publish(self.topics.device_policy, bytes(data), retain=True)
+        self.verifier.accept(bundle)
+        self.counters.relayed += 1
+        return True
+
+    # ------------------------------------------------------------------------------------ escalations
+
+    def _on_message(self, topic: str, payload: bytes, retained: bool) -> None:
+        if topic == self.topics.fleet_device_policy:
+            self.relay(payload)
+            return
+        device = self.topics.device_of_request(topic)
+        if device is None:
+            return
+        try:
+            self._queue.put_nowait((device, payload, self._clock()))
+        except queue.Full:
+            self.counters.busy += 1
+            try:
+                rid = EscalationRequest.decode(topic, payload).id
+            except DevicePayloadError:
+                self.counters.bad_requests += 1
+                return
+            self._link.publish(self.topics.reply(device), EscalationReply(id=rid, action=None, error="busy").encode())
+
+    def _serve(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            device, payload, received = item
+            try:
+                self._answer(device, payload, received)
+            except Exception:  # one bad request must not stop the gateway
+                log.exception("gateway %s: failed to answer %s", self.config.node, device)
+
+    def _answer(self, device: str, payload: bytes, received: float) -> None:
+        topic = self.topics.request(device)
+        try:
+            request = EscalationRequest.decode(topic, payload)
+        except DevicePayloadError as exc:
+            self.counters.bad_requests += 1
+            log.warning("gateway %s: %s", self.config.node, exc)
+            return
+        if (self._clock() - received) * 1000.0 > request.budget_ms:
+            self.counters.expired += 1
+            return
+        policy = self.policy_source()
+        if policy is None:
+            self.counters.no_policy += 1
+            reply = EscalationReply(id=request.id, action=None, error="no policy")
+        else:
+            obs = np.asarray(request.obs, dtype=np.float32)
+            shape = tuple(int(d) for d in policy.bundle.manifest.observation_space.get("shape", [obs.size]))
+            if int(np.prod(shape)) != obs.size:
+                self.counters.bad_requests += 1
+                reply = EscalationReply(id=request.id, action=None,
+                                        error=f"bad request: observation of {obs.size} values, the edge policy "
+                                        f"takes {list(shape)}")
+            else:
+                action = np.asarray(policy.run(obs.reshape(1, *shape))[0], dtype=np.float64).reshape(-1)
+                reply = EscalationReply(id=request.id, action=tuple(float(a) for a in action),
+                                        policy_version=policy.version)
+                self.counters.served += 1
+        self._link.publish(self.topics.reply(device), reply.encode())

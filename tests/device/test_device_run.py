@@ -1,0 +1,134 @@
+"""Device decisions: confidence, escalation, fallback on timeout, staleness, the tier of every action."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device import NumpyExecutor, TrustStore, build_bundle, generate_keypair, load_public_key, load_signing_key
+from device._device_run import (
+    DeviceConfig,
+    DeviceRunError,
+    DeviceRuntime,
+    TieredController,
+    confidence_of,
+)
+from device._device_topics import DevicePayloadError, DeviceTopics, EscalationReply, EscalationRequest
+from device._errors import ConfigError
+from tests._services import Mosquitto
+from tests.device._models import export
+
+CARTPOLE_OBS = {"type": "Box", "shape": [4], "dtype": "float32", "low": ["-inf"] * 4, "high": ["inf"] * 4}
+
+
+def identity_logits_model() -> bytes:
+    """logits = obs[:, :2] (through a Gemm), action = argmax: the confidence is set by the observation."""
+    import torch
+
+    class Policy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+            with torch.no_grad():
+                self.lin.weight.copy_(torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0]]))
+                self.lin.bias.zero_()
+
+        def forward(self, obs: torch.Tensor) -> object:
+            logits = self.lin(obs)
+            return torch.argmax(logits, dim=-1), logits
+
+    return export(Policy().eval(), (torch.zeros(1, 4),), ["action", "logits"])
+
+
+@pytest.fixture(scope="module")
+def model() -> bytes:
+    return identity_logits_model()
+
+
+def test_confidence_measures() -> None:
+    assert confidence_of(np.array([0.0, 0.0]), "margin") == pytest.approx(0.0)
+    assert confidence_of(np.array([10.0, 0.0]), "margin") == pytest.approx(1.0, abs=1e-4)
+    assert confidence_of(np.array([0.0, 0.0, 0.0]), "entropy") == pytest.approx(0.0)
+    assert confidence_of(np.array([20.0, 0.0, 0.0]), "entropy") == pytest.approx(1.0, abs=1e-6)
+
+
+def test_confident_obs_stays_on_the_device_and_uncertain_obs_goes_to_the_edge(model: bytes) -> None:
+    asked: list[np.ndarray] = []
+
+    def edge(obs: np.ndarray, budget_s: float) -> EscalationReply:
+        asked.append(obs)
+        return EscalationReply(id="x", action=(0.0,), policy_version=7)
+
+    c = TieredController(NumpyExecutor(model), discrete=True, escalate=edge, threshold=0.5)
+    sure = c.decide(np.array([0.0, 5.0, 0, 0], np.float32))
+    assert (sure.action, sure.tier, sure.reason) == (1, "device", "confident") and not asked
+    unsure = c.decide(np.array([0.0, 0.1, 0, 0], np.float32))
+    assert (unsure.action, unsure.tier, unsure.reason, unsure.edge_version) == (0, "edge", "low-confidence", 7)
+    np.testing.assert_array_equal(asked[0], np.array([0.0, 0.1, 0, 0], np.float32))
+
+
+def test_timeout_falls_back_to_the_devices_own_action(model: bytes) -> None:
+    c = TieredController(NumpyExecutor(model), discrete=True, escalate=lambda obs, b: None, threshold=0.5)
+    d = c.decide(np.array([0.0, 0.1, 0, 0], np.float32))
+    assert (d.action, d.tier, d.reason) == (1, "device-fallback", "low-confidence; timeout")
+    busy = TieredController(NumpyExecutor(model), discrete=True, threshold=0.5,
+                            escalate=lambda obs, b: EscalationReply(id="x", action=None, error="busy"))
+    assert busy.decide(np.array([0.0, 0.1, 0, 0], np.float32)).reason == "low-confidence; busy"
+
+
+def test_a_stale_policy_escalates_even_when_confident(model: bytes) -> None:
+    c = TieredController(NumpyExecutor(model), discrete=True, threshold=0.5, is_stale=lambda: True,
+                         escalate=lambda obs, b: EscalationReply(id="x", action=(0.0,), policy_version=1))
+    d = c.decide(np.array([0.0, 5.0, 0, 0], np.float32))
+    assert (d.tier, d.reason, d.action) == ("edge", "stale", 0)
+
+
+def test_payloads_are_validated() -> None:
+    topic = DeviceTopics("f", "e").request("d")
+    req = EscalationRequest(id="d-1", obs=(1.0, 2.5), budget_ms=20.0)
+    assert EscalationRequest.decode(topic, req.encode()) == req
+    with pytest.raises(DevicePayloadError, match=re.escape("field 'budget_ms' must be a number in (0, 60000]")):
+        EscalationRequest.decode(topic, b'{"id": "a", "obs": [1], "budget_ms": -1}')
+    with pytest.raises(DevicePayloadError, match=re.escape("is not JSON")):
+        EscalationReply.decode(topic, b"\x00garbage")
+    with pytest.raises(DevicePayloadError, match=re.escape("has neither 'action' nor 'error'")):
+        EscalationReply.decode(topic, b'{"id": "a"}')
+    assert DeviceTopics("f", "e").device_of_request("strata/f/edges/e/devices/d/request") == "d"
+    assert DeviceTopics("f", "e").device_of_request("strata/f/edges/other/devices/d/request") is None
+    with pytest.raises(ConfigError, match=re.escape("device id 'a/b' cannot be an MQTT topic segment")):
+        DeviceConfig(device_id="a/b")
+
+
+def _device_bundle(model: bytes, key_dir: Path, *, version: int, tier: str = "device") -> bytes:
+    if not (key_dir / "strata-signing.key").exists():
+        generate_keypair(key_dir)
+    return build_bundle(model, policy="micro", version=version, parent_version=None, observation_space=CARTPOLE_OBS,
+                        action_space={"type": "Discrete", "n": 2},
+                        signing_key=load_signing_key(key_dir / "strata-signing.key"), target_tier=tier,  # type: ignore[arg-type]
+                        output_names=("action", "logits")).to_bytes()
+
+
+def test_device_verifies_bundles_and_times_out_without_an_edge(model: bytes, tmp_path: Path,
+                                                                mosquitto: Mosquitto) -> None:
+    trust = TrustStore([load_public_key(generate_keypair(tmp_path / "keys")[1])])
+    config = DeviceConfig(broker=mosquitto.url, fleet="f1", edge_node="lonely", device_id="dev-timeout",
+                          budget_ms=30.0, threshold=0.5, state_path=str(tmp_path / "state.json"))
+    with DeviceRuntime(config, trust=trust) as runtime:
+        with pytest.raises(DeviceRunError, match=re.escape("no micro policy arrived")):
+            runtime.wait_for_policy(0.2)
+        assert not runtime.offer(_device_bundle(model, tmp_path / "keys", version=2, tier="edge"))
+        assert "tier" in runtime.refused[-1]
+        assert not runtime.offer(_device_bundle(model, tmp_path / "other", version=2))  # untrusted key
+        assert runtime.offer(_device_bundle(model, tmp_path / "keys", version=2))
+        assert not runtime.offer(_device_bundle(model, tmp_path / "keys", version=1))  # rollback
+        assert runtime.bundle is not None and runtime.bundle.manifest.version == 2
+        controller = runtime.controller()
+        start = time.perf_counter()
+        d = controller.decide(np.array([0.0, 0.1, 0, 0], np.float32))
+        took = time.perf_counter() - start
+    assert d.tier == "device-fallback" and d.reason == "low-confidence; timeout"
+    assert 0.025 <= took < 0.5
