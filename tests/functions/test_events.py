@@ -7,6 +7,8 @@ import re
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from functions._errors import EventError
 from functions._events import (
@@ -106,3 +108,20 @@ def test_results_round_trip() -> None:
 def test_a_payload_that_is_not_a_result_is_refused(payload: Any) -> None:
     with pytest.raises(EventError, match=re.escape("event field '<result>'")):
         parse_result(payload)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12)
+FIELDS = ["rollout_id", "env", "num_envs", "seed", "seeds", "steps", "episodes", "max_steps", "fragment_length",
+          "policy", "source", "stream_base", "result"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=8) | json_values)
+def test_any_json_is_a_request_or_an_event_error(payload: Any) -> None:
+    try:
+        parse_rollout_event(payload)
+    except EventError as exc:
+        assert isinstance(exc.field, str) and exc.fix
