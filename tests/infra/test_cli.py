@@ -115,3 +115,14 @@ def test_functions_serve_reads_the_deployment_back_through_infra(aws_env: MotoSe
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+def test_a_trusted_key_file_is_read_into_the_config(tmp_path: Path) -> None:
+    from cloud.cli import build_parser
+    from infra._cli import _overrides
+
+    pem = "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA\n-----END PUBLIC KEY-----\n"
+    (tmp_path / "signer.pub").write_text(pem)
+    args = build_parser().parse_args(["infra", "plan", "--stage", "s", "--trusted-public-key",
+                                      str(tmp_path / "signer.pub"), "--edge-nodes", "a", "b"])
+    assert _overrides(args) == {"stage": "s", "trusted_public_key": pem, "edge_nodes": ("a", "b")}
