@@ -322,9 +322,15 @@ class _Worker:
         self._shim.daemon_threads = True
         threading.Thread(target=self._shim.serve_forever, name=f"shim-{spec.name}", daemon=True).start()
         env = self._environment(runtime.config, runtime.faults)
-        self.proc = subprocess.Popen([sys.executable, "-m", "functions._worker", spec.handler], env=env,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     cwd=spec.code_dir or _REPO_ROOT, start_new_session=True)
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "functions._worker", spec.handler], env=env,
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, cwd=spec.code_dir or _REPO_ROOT,
+                                         start_new_session=True)
+        except OSError:
+            self._shim.shutdown()
+            self._shim.server_close()
+            raise
         assert self.proc.stdout is not None
         self._fd = self.proc.stdout.fileno()
         os.set_blocking(self._fd, False)
@@ -860,6 +866,10 @@ def _make_api_handler(runtime: LocalRuntime) -> type[BaseHTTPRequestHandler]:
                 status, body, out = runtime.handle_invoke(function, parse_qs(url.query), headers, payload)
             except _ApiError as exc:
                 self._error(exc)
+                return
+            except Exception as exc:  # a runtime bug or a worker that cannot start: Lambda's 500, not a hang-up
+                self._error(_ApiError(500, "ServiceException", {
+                    "Type": "Service", "Message": f"local runtime failed: {type(exc).__name__}: {exc}"}))
                 return
             out["x-amzn-RequestId"] = str(uuid.uuid4())
             _write_response(self, status, body, out)

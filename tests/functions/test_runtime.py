@@ -289,3 +289,11 @@ def test_cold_start_delay_fault_slows_only_the_first_invocation() -> None:
         c.invoke(FunctionName="echo", Payload=b"{}")
         warm = time.monotonic() - t0
     assert cold >= 0.6 > warm
+
+
+def test_a_worker_that_cannot_start_is_a_service_exception(tmp_path: Any) -> None:
+    specs = [FunctionSpec(name="echo", handler=H + "echo", code_dir=str(tmp_path / "missing"))]
+    with LocalRuntime(SourceTreeFunctions(specs), config=RuntimeConfig(port=0)) as rt:
+        client = lambda_client(rt.url)
+        with pytest.raises(client.exceptions.ServiceException, match=re.escape("local runtime failed: ")):
+            client.invoke(FunctionName="echo", Payload=b"{}")
