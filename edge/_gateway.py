@@ -161,12 +161,12 @@ class EdgeGateway:
         try:
             self._queue.put_nowait((device, payload, self._clock()))
         except queue.Full:
-            self.counters.busy += 1
             try:
                 rid = EscalationRequest.decode(topic, payload).id
             except DevicePayloadError:
                 self.counters.bad_requests += 1
                 return
+            self.counters.busy += 1
             self._link.publish(self.topics.reply(device), EscalationReply(id=rid, action=None, error="busy").encode())
 
     def _serve(self) -> None:

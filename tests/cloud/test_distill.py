@@ -13,24 +13,24 @@ from device import Bundle, NumpyExecutor, TrustStore, Verifier, build_bundle, ge
 from device import load_signing_key as load_key
 
 
-def cartpole_teacher_model() -> bytes:
-    """A 4-64-2 tanh network that balances CartPole (a linear controller spread over 64 units)."""
+def cartpole_teacher_model(units: int = 64, out_scale: float = 1 / 16) -> bytes:
+    """A 4-`units`-2 tanh network that balances CartPole (a linear controller spread over the units)."""
     import torch
 
     from tests.device._models import export
 
     gains = torch.tensor([0.1, 0.5, 1.0, 0.5])
-    scales = torch.linspace(0.5, 3.0, 64)
+    scales = torch.linspace(0.5, 3.0, units)
 
     class Teacher(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.hidden = torch.nn.Linear(4, 64)
-            self.out = torch.nn.Linear(64, 2)
+            self.hidden = torch.nn.Linear(4, units)
+            self.out = torch.nn.Linear(units, 2)
             with torch.no_grad():
                 self.hidden.weight.copy_(scales[:, None] * gains[None, :])
                 self.hidden.bias.zero_()
-                self.out.weight.copy_(torch.stack([-torch.ones(64), torch.ones(64)]) / 16.0)
+                self.out.weight.copy_(torch.stack([-torch.ones(units), torch.ones(units)]) * out_scale)
                 self.out.bias.zero_()
 
         def forward(self, obs: torch.Tensor) -> object:
