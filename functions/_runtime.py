@@ -313,7 +313,11 @@ class _Worker:
         self.state = WorkerState.STARTING
         self.invocations = 0
         self._runtime = runtime
-        self._next: queue.Queue[_Invocation | None] = queue.Queue()
+        # The worker's pending GET /next (its handler and a "written" event), or an invocation waiting for it:
+        # deliver() writes the invocation straight onto a waiting poll, saving a thread wake-up per call.
+        self._poll_lock = threading.Lock()
+        self._poller: tuple[BaseHTTPRequestHandler, threading.Event] | None = None
+        self._queued: _Invocation | None = None
         self._current: _Invocation | None = None
         self._init_error: bytes | None = None
         self._log = bytearray()
@@ -397,15 +401,60 @@ class _Worker:
 
     # -- invocation protocol (runtime side) --
     def deliver(self, invocation: _Invocation) -> None:
-        """Hand `invocation` to the worker's next poll."""
+        """Hand `invocation` to the worker: onto its waiting poll, or queued for its next one."""
         self.state = WorkerState.BUSY
         self._current = invocation
-        self._next.put(invocation)
+        with self._poll_lock:
+            poller, self._poller = self._poller, None
+            if poller is None:
+                self._queued = invocation
+                return
+        try:
+            self.send_invocation(poller[0], invocation)
+        finally:
+            poller[1].set()
+
+    def send_invocation(self, handler: BaseHTTPRequestHandler, inv: _Invocation) -> None:
+        """Answer a GET /next with `inv` (Lambda's Runtime API headers)."""
+        inv.delivered_at = time.monotonic()
+        deadline_ms = int((time.time() + inv.spec.timeout_s) * 1000)
+        arn = f"arn:aws:lambda:{self._runtime.config.region}:{ACCOUNT_ID}:function:{inv.spec.name}"
+        headers = {"Lambda-Runtime-Aws-Request-Id": inv.request_id,
+                   "Lambda-Runtime-Deadline-Ms": str(deadline_ms),
+                   "Lambda-Runtime-Invoked-Function-Arn": arn if inv.version == "$LATEST" else f"{arn}:{inv.version}",
+                   "Lambda-Runtime-Trace-Id": f"Root=1-{int(time.time()):08x}-{uuid.uuid4().hex[:24]}",
+                   "Content-Type": "application/json"}
+        if inv.client_context:
+            headers["Lambda-Runtime-Client-Context"] = inv.client_context
+        inv.delivered.set()
+        with contextlib.suppress(OSError):  # a worker that died meanwhile is reported by _watch
+            _write_response(handler, 200, inv.payload, headers)
+
+    def poll(self, handler: BaseHTTPRequestHandler) -> bool:
+        """Serve the worker's GET /next: return once an invocation was written onto it; False if it died first."""
+        if self.state is WorkerState.STARTING:
+            self.state = WorkerState.IDLE
+        written = threading.Event()
+        with self._poll_lock:
+            queued, self._queued = self._queued, None
+            if queued is None:
+                self._poller = (handler, written)
+        if queued is not None:
+            self.send_invocation(handler, queued)
+            return True
+        while not written.wait(0.5):
+            if self.state is WorkerState.DEAD:
+                with self._poll_lock:
+                    if self._poller is not None and self._poller[0] is handler:
+                        self._poller = None
+                        return False
+                written.wait()  # deliver() took this poll and is writing onto it
+                return True
+        return True
 
     def _watch(self) -> None:
         self.proc.wait()
         self.state = WorkerState.DEAD
-        self._next.put(None)
         self.drain_logs()
         with self._log_lock:
             assert self.proc.stdout is not None
@@ -430,15 +479,6 @@ class _Worker:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
     # -- invocation protocol (worker side, called by the shim) --
-    def next_invocation(self) -> _Invocation | None:
-        if self.state is WorkerState.STARTING:
-            self.state = WorkerState.IDLE
-        inv = self._next.get()
-        if inv is not None:
-            inv.delivered_at = time.monotonic()
-            inv.delivered.set()
-        return inv
-
     def complete(self, request_id: str, body: bytes, error_type: str | None) -> bool:
         current = self._current
         if current is None or current.request_id != request_id:
@@ -475,21 +515,8 @@ def _make_shim_handler(worker: _Worker) -> type[BaseHTTPRequestHandler]:
             if self.path != _RUNTIME_PREFIX + "invocation/next":
                 self._reply(404, b'{"errorMessage": "unknown runtime API path"}')
                 return
-            inv = worker.next_invocation()
-            if inv is None:
+            if not worker.poll(self):
                 self._reply(500, b'{"errorMessage": "runtime is shutting down"}')
-                return
-            deadline_ms = int((time.time() + inv.spec.timeout_s) * 1000)
-            arn = f"arn:aws:lambda:{worker._runtime.config.region}:{ACCOUNT_ID}:function:{inv.spec.name}"
-            headers = {"Lambda-Runtime-Aws-Request-Id": inv.request_id,
-                       "Lambda-Runtime-Deadline-Ms": str(deadline_ms),
-                       "Lambda-Runtime-Invoked-Function-Arn": arn if inv.version == "$LATEST"
-                       else f"{arn}:{inv.version}",
-                       "Lambda-Runtime-Trace-Id": f"Root=1-{int(time.time()):08x}-{uuid.uuid4().hex[:24]}",
-                       "Content-Type": "application/json"}
-            if inv.client_context:
-                headers["Lambda-Runtime-Client-Context"] = inv.client_context
-            self._reply(200, inv.payload, headers)
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
