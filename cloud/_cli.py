@@ -63,12 +63,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         help="Ed25519 private key (PEM) to sign with; default: DIR/keys/strata-signing.key, "
                         "generated on first use")
     export.add_argument("--tier", default="any", choices=["edge", "device", "any"],
-                        help="tier the bundle targets (default: %(default)s)")
+                        help="tier the bundle targets (default: %(default)s); device distils a micro policy")
     export.add_argument("--version", type=int, default=None, metavar="V",
                         help="policy version (checkpoint) to export (default: the newest)")
     export.add_argument("--policy", default=None, metavar="NAME", help="bundle policy name (default: from the env id)")
     export.add_argument("--ttl-s", type=float, default=None, metavar="SECONDS",
                         help="seconds until the bundle expires (default: never)")
+    export.add_argument("--weights", default="fp32", choices=["fp32", "fp16", "int8"],
+                        help="with --tier device: weight storage of the distilled micro policy (default: %(default)s)")
+    export.add_argument("--distill-steps", type=int, default=2000, metavar="N",
+                        help="with --tier device: env steps labelled by the teacher per DAgger iteration "
+                        "(default: %(default)s)")
     export.set_defaults(func=_export)
 
 
@@ -122,6 +127,10 @@ def _export(args: argparse.Namespace) -> int:
                   "give it to consumers as --trust)")
         else:
             print(f"strata export: signing with the run's key {key_path}")
+    if args.tier == "device":
+        from cloud._distill import export_micro
+
+        return export_micro(args, load_signing_key(key_path))
     result = export_run(args.run, signing_key=load_signing_key(key_path), version=args.version, policy=args.policy,
                         target_tier=args.tier, ttl_s=args.ttl_s)
     write_bundle(args.out, result.bundle)

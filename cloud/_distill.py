@@ -202,14 +202,16 @@ def _student(obs_dim: int, out_dim: int, config: DistillConfig) -> torch.nn.Sequ
     return nn.Sequential(*layers)
 
 
-def distill(teacher: Bundle | Path, *, env_id: str, signing_key: SigningKey, config: DistillConfig | None = None,
-            policy: str | None = None, version: int | None = None, ttl_s: float | None = None,
+def distill(teacher: Bundle | Path, *, env_id: str | None = None, signing_key: SigningKey,
+            config: DistillConfig | None = None, policy: str | None = None, version: int | None = None,
+            ttl_s: float | None = None,
             log: Callable[[str], None] | None = None) -> DistillResult:
     """Distil `teacher` into a micro policy and sign it as a device-tier bundle (see the module docstring).
 
     Args:
         teacher: An exported `Bundle`, a ``.bundle`` file, or a run dir written by `strata train`.
-        env_id: The gymnasium env the teacher acts in (states are collected there).
+        env_id: The gymnasium env the teacher acts in (states are collected there); None takes the
+            ``env_id`` the exporter records in the teacher's producer.
         signing_key: Signs the micro bundle.
         config: Distillation settings.
         policy: Bundle policy name; default ``{teacher policy}-micro``.
@@ -227,6 +229,10 @@ def distill(teacher: Bundle | Path, *, env_id: str, signing_key: SigningKey, con
     start = time.perf_counter()
     teacher_bundle = _teacher_bundle(teacher, signing_key)
     m = teacher_bundle.manifest
+    env_id = env_id or m.producer.get("env_id")
+    if not env_id:
+        raise ConfigError(f"distill: teacher {m.policy!r} v{m.version} does not record its env id; pass env_id "
+                          "(the gymnasium env to collect states in)")
     obs_space, action_space = m.observation_space, m.action_space
     if obs_space.get("type") != "Box" or action_space.get("type") not in ("Discrete", "Box"):
         raise DistillError(f"distill: teacher {m.policy!r} has observation space {obs_space.get('type')} and action "
@@ -328,3 +334,20 @@ def _normalise(graph: Any, obs: torch.Tensor) -> torch.Tensor:
         return obs
     out: torch.Tensor = torch.clamp((obs - graph.obs_mean) * graph.obs_inv_std, -graph.obs_clip, graph.obs_clip)
     return out
+
+
+def export_micro(args: Any, signing_key: SigningKey) -> int:
+    """`strata export --tier device`: distil the run's policy into a signed micro bundle and report what it keeps."""
+    from cloud._export import export_run, write_bundle
+
+    teacher = export_run(Path(args.run), signing_key=signing_key, version=args.version).bundle
+    config = DistillConfig(weights=args.weights, steps_per_iteration=args.distill_steps)
+    result = distill(teacher, signing_key=signing_key, config=config,
+                     policy=args.policy, ttl_s=args.ttl_s, log=lambda line: print(f"strata export: {line}", flush=True))
+    write_bundle(Path(args.out), result.bundle)
+    m = result.bundle.manifest
+    print(f"strata export: wrote {args.out}: micro policy {m.policy!r} version {m.version}, tier device, "
+          f"{result.student_params:,} weights (teacher {result.teacher_params:,}), {args.weights}, model "
+          f"{len(result.bundle.model):,} B; return {result.student_return:.1f} vs teacher {result.teacher_return:.1f} "
+          f"({result.kept:.1%} kept)")
+    return 0

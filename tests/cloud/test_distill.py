@@ -109,3 +109,20 @@ def test_distil_a_trained_ppo_run(tmp_path: Path) -> None:
     result = distill(run.run_dir, env_id="CartPole-v1", signing_key=load_key(tmp_path / "keys" / "strata-signing.key"),
                      config=DistillConfig(eval_episodes=10))
     assert result.kept >= 0.9, result
+
+
+def test_strata_export_tier_device_smoke(tmp_path: Path) -> None:
+    from tests._cli import run_strata
+
+    run = tmp_path / "run"
+    trained = run_strata("train", "--env", "CartPole-v1", "--total-steps", "64", "--run-dir", str(run),
+                         "--num-envs", "2", "--num-steps", "16", "--update-epochs", "1", "--hidden-sizes", "16")
+    assert trained.returncode == 0, trained.stderr
+    out = tmp_path / "micro.bundle"
+    exported = run_strata("export", "--run", str(run), "--out", str(out), "--tier", "device", "--weights", "fp16",
+                          "--policy", "cp-micro", "--distill-steps", "200")
+    assert exported.returncode == 0, exported.stderr
+    assert "micro policy 'cp-micro' version 2, tier device" in exported.stdout
+    assert "kept)" in exported.stdout and "iteration 4/4" in exported.stdout
+    bundle = Bundle.from_bytes(out.read_bytes())
+    assert bundle.manifest.producer["weights"] == "fp16" and bundle.manifest.target_tier == "device"
