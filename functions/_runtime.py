@@ -321,9 +321,9 @@ class _Worker:
         self._current: _Invocation | None = None
         self._init_error: bytes | None = None
         self._log = bytearray()
+        self._log_dropped = 0  # bytes trimmed from the front of _log; marks are absolute offsets
         self._log_lock = threading.Lock()
         self._shim = _QuietServer(("127.0.0.1", 0), _make_shim_handler(self))
-        self._shim.daemon_threads = True
         threading.Thread(target=self._shim.serve_forever, name=f"shim-{spec.name}", daemon=True).start()
         env = self._environment(runtime.config, runtime.faults)
         try:
@@ -386,18 +386,20 @@ class _Worker:
                     return False
                 self._log += chunk
                 if len(self._log) > 256 * 1024:
-                    del self._log[:-64 * 1024]
+                    cut = len(self._log) - 64 * 1024
+                    del self._log[:cut]
+                    self._log_dropped += cut
 
     def log_mark(self) -> int:
-        """Current end of the log buffer."""
+        """Current end of the log (an absolute byte offset)."""
         with self._log_lock:
-            return len(self._log)
+            return self._log_dropped + len(self._log)
 
     def log_since(self, mark: int) -> bytes:
-        """Log bytes written after `mark` (best effort once the buffer has been trimmed)."""
+        """Log bytes written after `mark` (the part still buffered, when more than 64 KB came since)."""
         self.drain_logs()
         with self._log_lock:
-            return bytes(self._log[min(mark, len(self._log)):])
+            return bytes(self._log[max(mark - self._log_dropped, 0):])
 
     # -- invocation protocol (runtime side) --
     def deliver(self, invocation: _Invocation) -> None:
@@ -606,7 +608,6 @@ class LocalRuntime:
     def start(self) -> LocalRuntime:
         """Bind and serve in a background thread; returns self."""
         self._server = _QuietServer((self.config.host, self.config.port), _make_api_handler(self))
-        self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, name="lambda-api", daemon=True).start()
         return self
 

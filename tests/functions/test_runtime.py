@@ -297,3 +297,12 @@ def test_a_worker_that_cannot_start_is_a_service_exception(tmp_path: Any) -> Non
         client = lambda_client(rt.url)
         with pytest.raises(client.exceptions.ServiceException, match=re.escape("local runtime failed: ")):
             client.invoke(FunctionName="echo", Payload=b"{}")
+
+
+def test_log_tail_stays_right_when_the_log_buffer_is_trimmed(client: Any) -> None:
+    for i in range(4):  # ~400 KB of log: the runtime keeps the last 64 KB and must still find this call's lines
+        r = client.invoke(FunctionName="echo", Payload=json.dumps({"i": i, "pad": "x" * 100_000}).encode(),
+                          LogType="Tail")
+        log = base64.b64decode(r["LogResult"]).decode()
+        assert log.endswith(" MB\n") and "REPORT RequestId:" in log
+        assert "x" * 1000 in log
