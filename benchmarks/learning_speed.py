@@ -11,7 +11,8 @@ running observation normalisation (SB3: VecNormalize, rewards not normalised).
     .venv/bin/python benchmarks/learning_speed.py            # 3 seeds, 150k-step budget
     .venv/bin/python benchmarks/learning_speed.py --quick    # 1 seed, 60k budget, < 1 minute
 
-The last line of output is one JSON object with the figures and the strata / SB3 ratios.
+The last line of output is one JSON object with the figures and the strata / SB3 ratios. CPU seconds
+(this process) are reported next to wall-clock seconds: on a shared, loaded machine they vary less.
 """
 
 from __future__ import annotations
@@ -35,12 +36,12 @@ def run_strata(seed: int, budget: int) -> dict[str, Any]:
     from cloud._train import train
 
     with tempfile.TemporaryDirectory() as run_dir:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         result = train(env_id=ENV_ID, total_steps=budget, run_dir=Path(run_dir), seed=seed, config=PPOConfig(),
                        target_return=SOLVED, progress=False, log=lambda _: None)
-        wall = time.perf_counter() - started
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     solved = result.solved_at_step is not None
-    return {"solved": solved, "steps": result.solved_at_step if solved else budget, "wall_s": wall,
+    return {"solved": solved, "steps": result.solved_at_step if solved else budget, "wall_s": wall, "cpu_s": cpu,
             "steps_per_s": result.global_step / wall}
 
 
@@ -57,18 +58,18 @@ def run_sb3(seed: int, budget: int) -> dict[str, Any]:
         def __init__(self) -> None:
             super().__init__()
             self.returns: collections.deque[float] = collections.deque(maxlen=WINDOW)
-            self.solved_at: tuple[int, float] | None = None
+            self.solved_at: tuple[int, float, float] | None = None
 
         def _on_step(self) -> bool:
             for info in self.locals["infos"]:
                 if "episode" in info:
                     self.returns.append(float(info["episode"]["r"]))
             if len(self.returns) == WINDOW and sum(self.returns) / WINDOW >= SOLVED:
-                self.solved_at = (self.num_timesteps, time.perf_counter())
+                self.solved_at = (self.num_timesteps, time.perf_counter(), time.process_time())
                 return False
             return True
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     envs = VecNormalize(make_vec_env(ENV_ID, n_envs=8, seed=seed), norm_obs=True, norm_reward=False, clip_obs=10.0)
     model = PPO(
         "MlpPolicy", envs, n_steps=32, batch_size=256, n_epochs=20, learning_rate=lambda remaining: 1e-3 * remaining,
@@ -79,13 +80,14 @@ def run_sb3(seed: int, budget: int) -> dict[str, Any]:
     )
     callback = StopWhenSolved()
     model.learn(total_timesteps=budget, callback=callback)
-    end = time.perf_counter()
+    end, cpu_end = time.perf_counter(), time.process_time()
     envs.close()
     if callback.solved_at is None:
-        return {"solved": False, "steps": budget, "wall_s": end - started,
+        return {"solved": False, "steps": budget, "wall_s": end - started, "cpu_s": cpu_end - cpu_started,
                 "steps_per_s": model.num_timesteps / (end - started)}
-    steps, at = callback.solved_at
-    return {"solved": True, "steps": steps, "wall_s": at - started, "steps_per_s": steps / (at - started)}
+    steps, at, cpu_at = callback.solved_at
+    return {"solved": True, "steps": steps, "wall_s": at - started, "cpu_s": cpu_at - cpu_started,
+            "steps_per_s": steps / (at - started)}
 
 
 def main() -> None:
@@ -107,23 +109,26 @@ def main() -> None:
 
     print(f"{ENV_ID}: env steps and wall-clock seconds until the {WINDOW}-episode mean first reaches {SOLVED:g} "
           f"(budget {budget:,} steps; unsolved runs count as the budget)")
-    print(f"{'learner':<8} {'seed':>4} {'solved':>6} {'env steps':>10} {'wall s':>8} {'steps/s':>8}")
+    print(f"{'learner':<8} {'seed':>4} {'solved':>6} {'env steps':>10} {'wall s':>8} {'cpu s':>8} {'steps/s':>8}")
     for name, runs in rows.items():
         for seed, r in zip(seeds, runs, strict=True):
             print(f"{name:<8} {seed:>4} {'yes' if r['solved'] else 'no':>6} {r['steps']:>10,} {r['wall_s']:>8.2f} "
-                  f"{r['steps_per_s']:>8,.0f}")
+                  f"{r['cpu_s']:>8.2f} {r['steps_per_s']:>8,.0f}")
     figures: dict[str, Any] = {"benchmark": "learning_speed", "env": ENV_ID, "budget": budget, "seeds": seeds}
     for name, runs in rows.items():
         figures[name] = {"median_wall_s": round(statistics.median(r["wall_s"] for r in runs), 3),
+                         "median_cpu_s": round(statistics.median(r["cpu_s"] for r in runs), 3),
                          "median_steps": statistics.median(r["steps"] for r in runs),
                          "solved": sum(r["solved"] for r in runs),
                          "wall_s": [round(r["wall_s"], 3) for r in runs], "steps": [r["steps"] for r in runs]}
     strata, sb3 = figures["strata"], figures["sb3"]
     figures["wall_ratio_strata_over_sb3"] = round(strata["median_wall_s"] / sb3["median_wall_s"], 3)
+    figures["cpu_ratio_strata_over_sb3"] = round(strata["median_cpu_s"] / sb3["median_cpu_s"], 3)
     figures["steps_ratio_strata_over_sb3"] = round(strata["median_steps"] / sb3["median_steps"], 3)
     print(f"median: strata {figures['strata']['median_wall_s']:.2f} s / {figures['strata']['median_steps']:,.0f} "
           f"steps; SB3 {figures['sb3']['median_wall_s']:.2f} s / {figures['sb3']['median_steps']:,.0f} steps; "
-          f"wall ratio {figures['wall_ratio_strata_over_sb3']}, steps ratio {figures['steps_ratio_strata_over_sb3']}")
+          f"wall ratio {figures['wall_ratio_strata_over_sb3']}, cpu ratio {figures['cpu_ratio_strata_over_sb3']}, "
+          f"steps ratio {figures['steps_ratio_strata_over_sb3']}")
     print(json.dumps(figures))
 
 
