@@ -517,9 +517,9 @@ def make_serverless_source(functions: Literal["local", "aws"], config: Serverles
                            bundle: bytes | None = None) -> ServerlessRolloutSource:
     """The serverless source for ``--functions local|aws`` (the one factory `strata train` calls).
 
-    ``local`` starts an embedded local function runtime serving ``config.function_name`` with
-    `functions._handlers.rollout_handler` (reserved concurrency = max_concurrency) unless
-    ``config.lambda_endpoint_url`` points at a running one, and uses the local ramp (`local_scaling`).
+    ``local`` starts `strata functions serve` in a subprocess (`LocalRuntimeProcess`: its HTTP threads stay
+    out of the learner's GIL) serving ``config.function_name`` with `functions._handlers.rollout_handler`,
+    unless ``config.lambda_endpoint_url`` points at a running one, and uses the local ramp (`local_scaling`).
     ``aws`` invokes the deployed function through boto3's normal resolution. boto3 signs requests in both
     cases, so the local runtime needs some credentials in the environment (any value works, as with moto).
 
@@ -536,13 +536,7 @@ def make_serverless_source(functions: Literal["local", "aws"], config: Serverles
     if functions == "local":
         config = local_scaling(config)
         if not config.lambda_endpoint_url:
-            from functions._runtime import FunctionSpec, LocalRuntime, RuntimeConfig, SourceTreeFunctions
-
-            spec = FunctionSpec(name=config.function_name, handler="functions._handlers.rollout_handler",
-                                timeout_s=min(config.function_timeout_s, 900.0),
-                                memory_mb=min(max(config.memory_mb, 128), 10240),
-                                reserved_concurrency=config.max_concurrency)
-            runtime = LocalRuntime(SourceTreeFunctions([spec]), config=RuntimeConfig(port=0)).start()
+            runtime = LocalRuntimeProcess(config)
             owned.append(runtime)
             config = dataclasses.replace(config, lambda_endpoint_url=runtime.url)
     source = ServerlessRolloutSource(config)
@@ -551,3 +545,62 @@ def make_serverless_source(functions: Literal["local", "aws"], config: Serverles
         source.set_policy(bundle)
     return source
 
+
+
+class LocalRuntimeProcess:
+    """`strata functions serve` in a subprocess serving the rollout function, stopped with `stop`.
+
+    Args:
+        config: Its function name, timeout, memory and max_concurrency (the function's reserved concurrency).
+        start_timeout_s: How long the runtime may take to report its URL.
+    """
+
+    def __init__(self, config: ServerlessConfig, *, start_timeout_s: float = 30.0) -> None:
+        import subprocess
+        import sys
+        import tempfile
+
+        timeout = min(config.function_timeout_s, 900.0)
+        memory = min(max(config.memory_mb, 128), 10240)
+        spec = (f"{config.function_name}=functions._handlers.rollout_handler,timeout={timeout:g},"
+                f"memory={memory},concurrency={config.max_concurrency}")
+        # stderr to a file, not a pipe: a pipe nobody reads would block the runtime once it fills
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the process; closed in stop)
+        self.proc = subprocess.Popen([sys.executable, "-m", "cloud.cli", "functions", "serve", "--port", "0",
+                                      "--function", spec], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=self._stderr, text=True)
+        first: list[str] = []
+        stdout = self.proc.stdout
+        assert stdout is not None
+        reader = threading.Thread(target=lambda: first.append(stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(start_timeout_s)
+        try:
+            self.url = str(json.loads(first[0])["url"]) if first and first[0] else ""
+        except (ValueError, KeyError):
+            self.url = ""
+        if not self.url:
+            self._terminate()
+            self._stderr.seek(0)
+            err = self._stderr.read().decode(errors="replace")[-2000:]
+            self.stop()
+            raise ServerlessError(f"LocalRuntimeProcess: `strata functions serve` did not report its URL within "
+                                  f"{start_timeout_s:g} s; its stderr: {err}")
+
+    def stop(self) -> None:
+        """SIGTERM the runtime (it stops its workers); SIGKILL it if it does not exit within 15 s."""
+        self._terminate()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._stderr.close()
+
+    def _terminate(self) -> None:
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

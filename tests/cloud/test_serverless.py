@@ -14,6 +14,7 @@ from cloud._serverless import (
     PRICE_PER_GB_S,
     PRICE_PER_REQUEST,
     Autoscaler,
+    LocalRuntimeProcess,
     ServerlessConfig,
     ServerlessError,
     ServerlessRolloutSource,
@@ -125,14 +126,28 @@ def test_a_refused_rollout_raises_with_the_functions_reason(creds: None, runtime
 def test_make_serverless_source_local_starts_and_stops_its_own_runtime(creds: None) -> None:
     cfg = ServerlessConfig(envs_per_invocation=2, steps_per_invocation=8, max_concurrency=2)
     source = make_serverless_source("local", cfg)
+    runtime = source._owned[0]
+    assert isinstance(runtime, LocalRuntimeProcess) and source.config.lambda_endpoint_url == runtime.url
     try:
         batches = list(source.fragments(count=3))
         assert [b.num_steps for b in batches] == [8, 8, 8]
         assert source.config.scale_step == 2 and source.stats.cost_usd() > 0
+        assert source.stats.summary()["transitions"] == 48
     finally:
         source.close()
-    runtime = source._owned  # closed sources drop what they started
-    assert runtime == []
+    assert runtime.proc.returncode == 0 and source._owned == []
+
+
+def test_the_config_is_cli_ready() -> None:
+    import argparse
+
+    from device import add_config_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, ServerlessConfig)
+    args = parser.parse_args(["--invocation", "async", "--result-bucket", "b", "--max-concurrency", "16"])
+    cfg = config_from_args(ServerlessConfig, args)
+    assert (cfg.invocation, cfg.result_bucket, cfg.max_concurrency) == ("async", "b", 16)
 
 
 class FakeClock:
