@@ -28,6 +28,16 @@ memory), so the call returns normally. With ``on_worker_failure="raise"`` the po
 and raises `WorkerFailedError` instead; with ``on_env_error="raise"`` (the default, like AsyncVectorEnv)
 an env exception restarts its worker and raises `EnvWorkerError` with the env index and the worker's
 traceback (that step's results are lost; the restarted envs report truncated on their next step).
+
+Where it differs from AsyncVectorEnv: spaces must be Box, Discrete, MultiDiscrete or MultiBinary (one
+fixed-shape array each); ``autoreset_mode=DISABLED`` and ``render`` are not supported; an env's exception
+arrives as `EnvWorkerError` (env index, worker traceback) rather than re-raised as its own type. With
+``vector_env_fns`` worker ``w`` is reset with ``seeds[w * K]`` (vector envs take one seed), ``call``/
+``get_attr`` return one result per worker, and ``reset_mask`` is refused.
+
+Inference placement: by default the learner chooses the actions (`step` with a batch from the parent,
+which is what PPO needs for log-probs and values); ``worker_policy`` + `act_step` runs a per-worker copy of
+the policy instead. benchmarks/colocated_throughput.py measures both (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -159,7 +169,8 @@ class SharedMemoryVectorEnv(metaclass=_LazyPoolType):
 
     Unlike AsyncVectorEnv there is no pipe message per step: observations, actions, rewards, flags and final
     observations live in one 64-byte-aligned shared-memory segment, and workers and parent signal each other
-    through shared counters with a spin-then-block wait. Each worker steps several envs
+    through shared counters and semaphores with a spin-then-block wait (spinning only where a core is spare;
+    see `ColocatedConfig`). Each worker steps several envs
     (``len(env_fns) / num_workers``), or one numpy-vectorised env (``vector_env_fns``).
 
     Double buffering: the envs form two halves (`half_indices(0)`, `half_indices(1)`). A learner can run the
