@@ -1,0 +1,257 @@
+"""Tiered decisions: device-only vs edge-only vs tiered control on CartPole-v1, and the C micro policy.
+
+Setup, all in one run on loopback: a real Mosquitto; an edge policy (the teacher: a 4-64-2 tanh network, by
+default a balancing controller spread over 64 units, or ``--teacher FILE`` for an exported bundle); a micro
+policy distilled from it (`cloud._distill.distill`, one hidden layer of 16); an `edge.EdgeGateway` answering
+escalations with the teacher in onnxruntime and relaying the micro bundle; a `device.DeviceRuntime` on the
+stdlib MQTT client that receives the micro bundle through the gateway. Then, over the same seeded episodes:
+
+- device-only: the micro policy decides everything (threshold 0);
+- edge-only: every decision is escalated (the policy is marked stale at once);
+- tiered: escalate when the micro policy's probability margin is under each threshold of a sweep.
+
+Reported per mode: mean return, decision latency p50/p99 (ms, escalation round trip included) and the fraction
+escalated. Goal: tiered within 5% of edge-only return with at most 20% escalated. Then the C export of the
+micro policy (`device._export_c`): nanoseconds per decision measured by its harness over many calls, against
+`NumpyExecutor` on the same policy in the same run, and the compiled code size (``size`` of the object file).
+
+Usage: ``python benchmarks/tiered_decisions.py [--quick] [--teacher FILE]``; the last output line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+OBS = {"type": "Box", "shape": [4], "dtype": "float32", "low": ["-inf"] * 4, "high": ["inf"] * 4}
+
+
+def start_mosquitto(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conf = workdir / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\nset_tcp_nodelay true\n"
+                    f"user {getpass.getuser()}\nlog_dest stderr\nlog_type error\n")
+    binary = "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else "mosquitto"
+    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"mqtt://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.02)
+    proc.kill()
+    raise RuntimeError("mosquitto did not start")
+
+
+def teacher_model() -> bytes:
+    """A 4-64-2 tanh network that balances CartPole (a linear controller spread over 64 units)."""
+    import io
+    import warnings
+
+    import torch
+
+    gains = torch.tensor([0.1, 0.5, 1.0, 0.5])
+    scales = torch.linspace(0.5, 3.0, 64)
+
+    class Teacher(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hidden, self.out = torch.nn.Linear(4, 64), torch.nn.Linear(64, 2)
+            with torch.no_grad():
+                self.hidden.weight.copy_(scales[:, None] * gains[None, :])
+                self.hidden.bias.zero_()
+                self.out.weight.copy_(torch.stack([-torch.ones(64), torch.ones(64)]) / 16.0)
+                self.out.bias.zero_()
+
+        def forward(self, obs: torch.Tensor) -> Any:
+            logits = self.out(torch.tanh(self.hidden(obs)))
+            return torch.argmax(logits, dim=-1), logits
+
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Teacher().eval(), (torch.zeros(1, 4),), buf, dynamo=False, opset_version=17,  # type: ignore[arg-type]
+                          input_names=["obs"], output_names=["action", "logits"],
+                          dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}, "logits": {0: "batch"}})
+    return buf.getvalue()
+
+
+def episodes(controller: Any, n: int, seed: int) -> tuple[list[float], list[float], dict[str, int]]:
+    import gymnasium as gym
+
+    env = gym.make("CartPole-v1")
+    returns, latencies, tiers = [], [], {"device": 0, "edge": 0, "device-fallback": 0}
+    for ep in range(n):
+        obs, _ = env.reset(seed=seed + ep)
+        total, done = 0.0, False
+        while not done:
+            d = controller.decide(np.asarray(obs, dtype=np.float32))
+            latencies.append(d.latency_s)
+            tiers[d.tier] += 1
+            obs, r, term, trunc, _ = env.step(d.action)
+            total += float(r)
+            done = bool(term or trunc)
+        returns.append(total)
+    env.close()
+    return returns, latencies, tiers
+
+
+def c_policy_figures(model: bytes, workdir: Path, calls: int) -> dict[str, Any]:
+    from device import NumpyExecutor
+    from device._export_c import export_c
+
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        return {"skipped": "gcc not installed"}
+    _policy, paths = export_c(model, workdir / "c")
+    exe = workdir / "c" / "harness"
+    subprocess.run([gcc, "-std=c99", "-O2", "-o", str(exe), str(paths[1]), str(paths[2]), "-lm"], check=True)
+    sizes = {}
+    for opt in ("-O2", "-Os"):
+        obj = workdir / "c" / f"policy{opt}.o"
+        subprocess.run([gcc, "-std=c99", opt, "-c", "-o", str(obj), str(paths[1])], check=True)
+        text, data = subprocess.run(["size", str(obj)], capture_output=True, text=True, check=True
+                                    ).stdout.splitlines()[1].split()[:2]
+        sizes[opt] = {"text_bytes": int(text), "data_bytes": int(data)}
+    runs = []
+    for _ in range(5):
+        out = subprocess.run([str(exe), "--bench", str(calls)], input="0.01 0.02 0.03 0.04\n", capture_output=True,
+                             text=True, check=True).stdout
+        runs.append(float(out.split()[0]))
+    executor = NumpyExecutor(model)
+    obs = np.array([[0.01, 0.02, 0.03, 0.04]], np.float32)
+    numpy_runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(2000):
+            executor.run({"obs": obs})
+        numpy_runs.append((time.perf_counter() - t0) / 2000 * 1e9)
+    c_ns, np_ns = float(np.median(runs)), float(np.median(numpy_runs))
+    return {"c_ns_per_decision": round(c_ns, 1), "numpy_executor_ns_per_decision": round(np_ns, 1),
+            "numpy_over_c": round(np_ns / c_ns, 1), "object_size": sizes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small budget (< 1 minute)")
+    parser.add_argument("--teacher", type=Path, default=None, help="an exported CartPole-v1 bundle as edge policy")
+    parser.add_argument("--budget-ms", type=float, default=50.0, help="escalation latency budget")
+    args = parser.parse_args()
+
+    import torch
+
+    from cloud._distill import DistillConfig, distill
+    from device import Bundle, TrustStore, build_bundle, generate_keypair, load_public_key, load_signing_key
+    from device._device_run import DeviceConfig, DeviceRuntime
+    from edge._gateway import EdgeGateway, GatewayConfig
+    from edge._policy import OnnxPolicy
+
+    torch.set_num_threads(1)
+    n_eps = 5 if args.quick else 20
+    thresholds = (0.02, 0.05, 0.1, 0.2) if args.quick else (0.01, 0.02, 0.05, 0.1, 0.2, 0.3)
+    tmp = Path(tempfile.mkdtemp(prefix="strata-tiered-"))
+    generate_keypair(tmp / "keys")
+    key = load_signing_key(tmp / "keys" / "strata-signing.key")
+    trust = TrustStore([load_public_key(tmp / "keys" / "strata-signing.pub")])
+    if args.teacher is not None:
+        teacher = Bundle.from_bytes(args.teacher.read_bytes())
+    else:
+        teacher = build_bundle(teacher_model(), policy="CartPole-v1", version=1, parent_version=None,
+                               observation_space=OBS, action_space={"type": "Discrete", "n": 2}, signing_key=key,
+                               target_tier="edge", output_names=("action", "logits"),
+                               producer={"env_id": "CartPole-v1"})
+    students: dict[str, DistillConfig] = {
+        # The default micro policy: one hidden layer of 16, DAgger.
+        "micro16": (DistillConfig(iterations=2, steps_per_iteration=1000, epochs=8, eval_episodes=3) if args.quick
+                    else DistillConfig(eval_episodes=10)),
+        # A deliberately under-trained 4-unit student (behaviour cloning of 1000 teacher states, 2 epochs): weak
+        # on its own, so the tiered rule has something to rescue (if its confidence is calibrated).
+        "weak4": DistillConfig(hidden_sizes=(4,), iterations=1, steps_per_iteration=1000, epochs=2, eval_episodes=3),
+    }
+    results = {}
+    t0 = time.perf_counter()
+    for name, dconf in students.items():
+        results[name] = distill(teacher, env_id="CartPole-v1", signing_key=key, config=dconf, policy=f"cp-{name}")
+    distill_s = time.perf_counter() - t0
+
+    broker, url = start_mosquitto(tmp)
+    rows: dict[str, dict[str, Any]] = {}
+    try:
+        edge_policy = OnnxPolicy(teacher)
+        gateway = EdgeGateway(GatewayConfig(broker=url, fleet="bench", node="edge-0"),
+                              policy_source=lambda: edge_policy, trust=trust).start()
+        modes: list[tuple[str, dict[str, Any]]] = [("device-only", {"threshold": 0.0}),
+                                                   ("edge-only", {"threshold": 0.0, "stale_after_s": 0.0})]
+        modes += [(f"tiered@{t}", {"threshold": t}) for t in thresholds]
+        for student, result in results.items():
+            assert gateway.relay(result.bundle.to_bytes()), gateway.last_refusal
+            for name, extra in modes:
+                if name == "edge-only" and rows.get("edge-only") is not None:
+                    continue  # the edge policy does not depend on the student
+                config = DeviceConfig(broker=url, fleet="bench", edge_node="edge-0", device_id=f"dev-{len(rows)}",
+                                      budget_ms=args.budget_ms, **extra)
+                with DeviceRuntime(config, trust=trust) as runtime:
+                    runtime.wait_for_policy(10)
+                    deadline = time.monotonic() + 10
+                    while runtime.bundle.manifest.policy != result.bundle.manifest.policy:  # type: ignore[union-attr]
+                        assert time.monotonic() < deadline, "the relayed bundle did not arrive"
+                        time.sleep(0.01)
+                    rets, lats, tiers = episodes(runtime.controller(), n_eps, seed=100)
+                total = sum(tiers.values())
+                key_name = name if name == "edge-only" else f"{student}/{name}"
+                rows[key_name] = {"mean_return": float(np.mean(rets)),
+                                  "latency_p50_ms": float(np.percentile(lats, 50)) * 1e3,
+                                  "latency_p99_ms": float(np.percentile(lats, 99)) * 1e3,
+                                  "escalated": (tiers["edge"] + tiers["device-fallback"]) / total,
+                                  "fallbacks": tiers["device-fallback"], "decisions": total}
+        gateway.close()
+    finally:
+        broker.terminate()
+        broker.wait()
+
+    result = results["micro16"]
+    c_figs = c_policy_figures(result.bundle.model, tmp, 200_000 if args.quick else 2_000_000)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+    for name, r in results.items():
+        print(f"{name}: {r.student_params} weights vs teacher {r.teacher_params}; eval return "
+              f"{r.student_return:.1f} vs teacher {r.teacher_return:.1f} ({r.kept:.1%} kept)")
+    print(f"(both distilled in {distill_s:.1f} s)")
+    print(f"{'mode':<22}{'return':>9}{'p50 ms':>9}{'p99 ms':>9}{'escalated':>11}{'fallbacks':>11}")
+    for name, r in rows.items():
+        print(f"{name:<22}{r['mean_return']:>9.1f}{r['latency_p50_ms']:>9.3f}{r['latency_p99_ms']:>9.3f}"
+              f"{r['escalated']:>11.1%}{r['fallbacks']:>11}")
+    edge_return = rows["edge-only"]["mean_return"]
+    meeting = [n for n, r in rows.items() if "tiered" in n and r["escalated"] <= 0.2
+               and r["mean_return"] >= 0.95 * edge_return]
+    print(f"C policy: {c_figs}")
+    verdict = "met by " + ", ".join(meeting) if meeting else "NOT met"
+    print(f"goal (tiered within 5% of edge-only return, <= 20% escalated): {verdict}")
+    figures = {"quick": args.quick, "episodes_per_mode": n_eps, "budget_ms": args.budget_ms,
+               "distill": {n: {"kept": round(r.kept, 4), "student_return": r.student_return,
+                               "teacher_return": r.teacher_return, "student_params": r.student_params,
+                               "teacher_params": r.teacher_params} for n, r in results.items()},
+               "distill_wall_s": round(distill_s, 1),
+               "modes": {n: {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
+                         for n, r in rows.items()},
+               "tiered_over_edge_return": {n: round(r["mean_return"] / edge_return, 4) for n, r in rows.items()
+                                           if "tiered" in n},
+               "goal_met_by": meeting, "c_policy": c_figs}
+    print(json.dumps(figures, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
