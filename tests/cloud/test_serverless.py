@@ -234,3 +234,21 @@ def test_a_signed_bundle_is_verified_and_run_inside_the_function(creds: None, tm
                                        signing_key=None).to_bytes())
         with pytest.raises(ServerlessError, match=re.escape("refused the rollout: UnsignedBundleError")):
             list(source.fragments(count=1))
+
+
+def test_the_source_ramps_within_the_local_scaling_rule_and_follows_demand(
+        creds: None, runtime_factory: list[LocalRuntime]) -> None:
+    import math
+
+    rt = start_runtime(FaultConfig(), concurrency=6)
+    runtime_factory.append(rt)
+    with ServerlessRolloutSource(config(rt.url, max_concurrency=6, steps_per_invocation=1000,
+                                        fragment_length=0)) as src:
+        list(src.fragments(count=100))
+        history = src.stats.concurrency
+    assert max(f for _, _, f in history) == 6  # demand is unbounded: it reaches the cap ...
+    for t, _, in_flight in history:  # ... but never faster than +2 per 0.5 s
+        assert in_flight <= 2 * (math.floor((t + 0.1) / 0.5) + 1)
+    with ServerlessRolloutSource(config(rt.url, max_concurrency=6, target_steps_per_s=1.0)) as slow:
+        list(slow.fragments(count=6))
+        assert max(f for _, _, f in slow.stats.concurrency) == 1  # 1 step/s of demand needs one invocation
