@@ -2,6 +2,7 @@
 
 from cloud._colocated import ColocatedConfig, PoolCounters, SharedMemoryVectorEnv
 from cloud._decoupled import DecoupledError, FragmentSource, StalenessGate, make_decoupled_vector_env, start_services
+from cloud._distill import DistillConfig, DistillError, DistillResult, distill
 from cloud._envs import make_vector_env
 from cloud._export import ExportError, export_run
 from cloud._paramserver import ParameterServer, ParamServerConfig, ParamServerError
@@ -14,6 +15,9 @@ from cloud._train import TrainResult, train
 __all__ = [
     "ColocatedConfig",
     "DecoupledError",
+    "DistillConfig",
+    "DistillError",
+    "DistillResult",
     "ExportError",
     "FragmentSource",
     "PPOConfig",
@@ -34,6 +38,7 @@ __all__ = [
     "SharedMemoryVectorEnv",
     "StalenessGate",
     "TrainResult",
+    "distill",
     "export_run",
     "make_decoupled_vector_env",
     "make_replay",

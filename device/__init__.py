@@ -21,9 +21,20 @@ from device._bundle_errors import (
 )
 from device._config import add_config_arguments, config_from_args, field_docs
 from device._deps import require
+from device._device_run import (
+    Decision,
+    DeviceConfig,
+    DeviceReport,
+    DeviceRunError,
+    DeviceRuntime,
+    TieredController,
+    run_device,
+)
 from device._errors import ConfigError, MissingDependencyError, StrataError
 from device._executor import NumpyExecutor, supported_operators
+from device._export_c import export_c
 from device._keys import PublicKey, SigningKey, TrustStore, generate_keypair, load_public_key, load_signing_key
+from device._mqtt_lite import MqttConnectionError, MqttLiteClient, MqttLiteError, MqttProtocolError
 from device._quantize import quantization_error, quantize_model
 from device._rollout import RolloutBatch
 from device._wire import WireError, pack_arrays, unpack_arrays
@@ -33,11 +44,20 @@ __all__ = [
     "BundleError",
     "BundleFormatError",
     "ConfigError",
+    "Decision",
+    "DeviceConfig",
+    "DeviceReport",
+    "DeviceRunError",
+    "DeviceRuntime",
     "ExpiredBundleError",
     "KeyFileError",
     "Manifest",
     "MissingDependencyError",
     "ModelError",
+    "MqttConnectionError",
+    "MqttLiteClient",
+    "MqttLiteError",
+    "MqttProtocolError",
     "NumpyExecutor",
     "PublicKey",
     "RollbackError",
@@ -45,6 +65,7 @@ __all__ = [
     "SigningKey",
     "StrataError",
     "TamperedBundleError",
+    "TieredController",
     "TrustStore",
     "UnknownKeyError",
     "UnsignedBundleError",
@@ -56,6 +77,7 @@ __all__ = [
     "add_config_arguments",
     "build_bundle",
     "config_from_args",
+    "export_c",
     "field_docs",
     "generate_keypair",
     "load_public_key",
@@ -64,6 +86,7 @@ __all__ = [
     "quantization_error",
     "quantize_model",
     "require",
+    "run_device",
     "space_bounds",
     "space_to_json",
     "supported_operators",

@@ -11,6 +11,7 @@ from edge._demo import FleetDemoResult, run_fleet_demo
 from edge._embedded_broker import EmbeddedBroker
 from edge._errors import CacheError, EdgeConfigError, EdgeError, PayloadError, PublishError
 from edge._fleet import FleetMonitor, NodeView, format_fleet_table
+from edge._gateway import EdgeGateway, GatewayConfig, GatewayCounters
 from edge._mqtt import LinkConfig, LinkState, MqttLink, PublishResult, PublishState, parse_broker_url
 from edge._outbox import Outbox, OutboxConfig, OutboxStats
 from edge._policy import HealthConfig, HealthReport, OnnxPolicy, check_policy
@@ -39,11 +40,14 @@ __all__ = [
     "EdgeAgentConfig",
     "EdgeConfigError",
     "EdgeError",
+    "EdgeGateway",
     "EmbeddedBroker",
     "Experience",
     "FleetDemoResult",
     "FleetMonitor",
     "FleetTopics",
+    "GatewayConfig",
+    "GatewayCounters",
     "HealthConfig",
     "HealthReport",
     "LinkConfig",
