@@ -197,6 +197,11 @@ class EdgeAgent:
         return None if p is None else p.version
 
     @property
+    def active_policy(self) -> OnnxPolicy | None:
+        """The policy the simulator acts with now (e.g. a gateway's ``policy_source``: ``lambda: agent.active_policy``)."""
+        return self._policy
+
+    @property
     def policy_name(self) -> str | None:
         """Name of the active policy."""
         p = self._policy

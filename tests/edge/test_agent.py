@@ -98,11 +98,16 @@ def test_malformed_payloads_are_logged_and_dropped(tmp_path: Path, mosquitto: Mo
             agent,), MqttLink(LinkConfig(broker=mosquitto.url, client_id="vandal")).start() as vandal:
         assert vandal.wait_connected(10)
         wait_until(lambda: agent.link is not None and agent.link.connected, what="agent connected")
-        vandal.publish(topics.announce, b"{not json")
+        # one at a time: the agent's inbox keeps only the newest payload per topic
+        vandal.publish(topics.announce, b"{not json", retain=True)  # retained: arrives even if subscribed late
+        wait_until(lambda: agent.counters.malformed >= 1, what="bad announcement dropped")
         vandal.publish(topics.control, b'{"kind": "control", "command": "format-disk", "issued_at": 0}')
+        wait_until(lambda: agent.counters.malformed >= 2, what="bad control dropped")
         vandal.publish(topics.policy_latest("cartpole"), b'{"kind": "announcement"}')
+        wait_until(lambda: agent.counters.malformed >= 3, what="bad chunk announcement dropped")
         vandal.publish(topics.policy_latest("cartpole"), b"STRB garbage")
-        wait_until(lambda: agent.counters.malformed >= 3 and len(agent.counters.refused) >= 1, what="drops")
+        wait_until(lambda: len(agent.counters.refused) >= 1, what="garbage bundle refused")
+        assert agent.counters.refused[0].startswith("BundleFormatError")
         vandal.publish(topics.node("n1", "control"), Control(command="status").encode())
         with Publisher(broker=mosquitto.url, fleet=fleet) as publisher:
             publisher.publish(cartpole_bundle(key, 1))
@@ -117,22 +122,32 @@ def test_offline_start_then_the_outbox_drains_when_the_broker_appears(tmp_path: 
         publisher.publish(cartpole_bundle(key, 1))
     with running_agents([agent_config(tmp_path, "n1", pub, mosquitto.url, fleet=fleet)]) as (agent,):
         wait_until(lambda: agent.version == 1, what="v1")
-    # restart with no broker at all: a broker object that was never started knows a free port nobody listens on
-    absent = Mosquitto(tmp_path / "absent")
-    config = agent_config(tmp_path, "n1", pub, absent.url, fleet=fleet, steps=300)
+    # a broker that will come later; a persistent watcher session is set up on it first, so it queues the
+    # telemetry that arrives before the watcher is back
+    later = Mosquitto(tmp_path / "later", ["persistence true", "max_queued_messages 100000"])
+    later.start()
+    watcher = FleetMonitor(broker=later.url, fleet=fleet, client_id="watcher", persistent=True).start()
+    assert watcher.link.wait_connected(10)
+    time.sleep(0.5)  # let the SUBSCRIBE reach the broker
+    watcher.close()
+    later.stop()
+    # restart with no broker at all
+    config = agent_config(tmp_path, "n1", pub, later.url, fleet=fleet, steps=300)
     with running_agents([config]) as (agent,):
         assert agent.version == 1  # acting on the cached policy right away
         wait_until(lambda: agent.counters.steps >= 300, what="300 offline steps")
         wait_until(lambda: agent.outbox.stats().pending >= 1, what="telemetry held on disk")
         assert agent.link is not None and not agent.link.connected
-        records = agent.counters.telemetry_records
-        absent.start()
+        later.start()
         try:
-            with FleetMonitor(broker=absent.url, fleet=fleet) as monitor:
-                wait_until(lambda: agent.outbox.stats().pending == 0, timeout=30, what="outbox drained")
-                wait_until(lambda: len(monitor.telemetry.get("n1", {})) == records, what="records received")
+            wait_until(lambda: agent.outbox.stats().pending == 0, timeout=30, what="outbox drained")
+            records = agent.counters.telemetry_records  # the run has ended: no more records
+            with FleetMonitor(broker=later.url, fleet=fleet, client_id="watcher", persistent=True) as monitor:
+                wait_until(lambda: len(monitor.telemetry.get("n1", {})) >= records, what="every record received")
+                ids = sorted(monitor.telemetry["n1"])  # ids continue after the first run's records
+                assert ids == list(range(ids[0], ids[0] + records))
         finally:
-            absent.stop()
+            later.stop()
 
 
 def test_broker_restart_mid_telemetry_loses_and_duplicates_nothing(tmp_path: Path, mosquitto_factory: MosquittoFactory,
