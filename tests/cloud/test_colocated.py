@@ -88,6 +88,48 @@ def test_matches_async_and_sync_vector_env_step_for_step(env_id: str, mode: Auto
             ref.close()
 
 
+class _InfoEnv(gym.Wrapper[Any, Any, Any, Any]):
+    """CartPole whose reset and step infos are not empty (scalars, arrays, nested dicts, on some steps only)."""
+
+    def __init__(self) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.t = 0
+
+    def reset(self, **kwargs: Any) -> Any:
+        obs, info = self.env.reset(**kwargs)
+        self.t = 0
+        return obs, {**info, "reset_marker": 1.5, "nested": {"depth": np.array([1, 2])}}
+
+    def step(self, action: Any) -> Any:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.t += 1
+        info = {**info, "t": self.t}
+        if self.t % 3 == 0:
+            info["every_third"] = np.float32(self.t)
+        return obs, reward, terminated, truncated, info
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_non_empty_infos_match_async_vector_env(mode: AutoresetMode) -> None:
+    fns = [_InfoEnv for _ in range(4)]
+    pool = SharedMemoryVectorEnv(fns, config=ColocatedConfig(num_workers=2), autoreset_mode=mode)
+    ref = AsyncVectorEnv(fns, shared_memory=True, autoreset_mode=mode)
+    try:
+        obs, info = pool.reset(seed=1)
+        ref_obs, ref_info = ref.reset(seed=1)
+        np.testing.assert_array_equal(obs, ref_obs)
+        assert_infos_equal(info, ref_info, "reset")
+        pool.action_space.seed(2)
+        for t in range(80):
+            actions = pool.action_space.sample()
+            got, want = pool.step(actions), ref.step(actions)
+            np.testing.assert_array_equal(got[0], want[0])
+            assert_infos_equal(got[4], want[4], f"step {t}")
+    finally:
+        pool.close()
+        ref.close()
+
+
 def test_reset_seed_int_list_and_mask_follow_gymnasium() -> None:
     fns = [lambda: gym.make("CartPole-v1") for _ in range(4)]
     pool = SharedMemoryVectorEnv(fns, config=ColocatedConfig(num_workers=2))

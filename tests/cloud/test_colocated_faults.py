@@ -178,3 +178,30 @@ def test_sigint_of_the_parent_leaves_no_shared_memory_and_no_workers(context: st
     while not all(dead(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert all(dead(pid) for pid in pids)
+
+
+def test_a_worker_killed_with_both_halves_in_flight_reports_each_half_truncated() -> None:
+    pool = SharedMemoryVectorEnv.make("CartPole-v1", num_workers=2, envs_per_worker=2)
+    try:
+        pool.reset(seed=0)
+        h0, h1 = pool.half_indices(0), pool.half_indices(1)
+        assert list(h0) == [0, 2] and list(h1) == [1, 3]
+        victim = pool.worker_pids[0]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not dead(victim) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        pool.step_half_async(0, np.zeros(2, dtype=np.int64))
+        pool.step_half_async(1, np.zeros(2, dtype=np.int64))
+        _, r0, _, tr0, info0 = pool.step_half_wait(0)
+        _, r1, _, tr1, info1 = pool.step_half_wait(1)
+        np.testing.assert_array_equal(tr0, [True, False])  # env 0 (worker 0), env 2 (worker 1)
+        np.testing.assert_array_equal(tr1, [True, False])  # env 1 (worker 0), env 3 (worker 1)
+        np.testing.assert_array_equal(info0["_worker_restarted"], [True, False])
+        np.testing.assert_array_equal(info1["_worker_restarted"], [True, False])
+        assert r0[0] == r1[0] == 0.0
+        assert pool.counters.worker_restarts == 1 and pool.counters.dropped_episodes == 2
+        _, _, _, truncated, _ = pool.step(np.zeros(4, dtype=np.int64))  # NEXT_STEP: the autoreset step
+        assert not truncated.any()
+    finally:
+        pool.close()
