@@ -289,3 +289,26 @@ def test_the_state_file_is_replaced_atomically(state_dir: Path) -> None:
     store.save(state)
     assert sorted(p.name for p in state_dir.iterdir()) == ["dev.json"]  # no temp files left
     assert json.loads((state_dir / "dev.json").read_text())["schema_version"] == SCHEMA_VERSION
+
+
+def test_a_recorded_kind_this_strata_does_not_know_stops_the_plan(aws_env: MotoServer, make_config: MakeConfig,
+                                                                  state_dir: Path) -> None:
+    from infra._state import Record
+
+    store = StateStore(state_dir, "test")
+    state = store.load()
+    state.put(Record(kind="sqs_queue", name="q", attributes={}, ids={}))
+    store.save(state)
+    with pytest.raises(UnknownResourceKindError, match=re.escape("reader_for: no reader for resource kind "
+                                                                 "'sqs_queue'")):
+        plan(make_config(), state_dir=state_dir)
+
+
+def test_plans_are_frozen_records(aws_env: MotoServer, make_config: MakeConfig, state_dir: Path) -> None:
+    import dataclasses
+
+    p = plan(make_config(edge_nodes=()), state_dir=state_dir)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.steps[0].action = "delete"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.steps = ()  # type: ignore[misc]
