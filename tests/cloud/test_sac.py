@@ -186,7 +186,7 @@ def test_sac_trains_from_either_deployment(deployment: str, tmp_path: Path) -> N
     assert (tmp_path / "metrics.jsonl").exists()
 
 
-def test_replay_moves_from_shared_memory_to_grpc_mid_training_without_loss(tmp_path: Path) -> None:
+def test_replay_moves_between_shared_memory_and_grpc_mid_training_without_loss(tmp_path: Path) -> None:
     trainer = SACTrainer(TINY, env_id="Pendulum-v1", seed=2, total_steps=600)
     server = ReplayServer(trainer.signature, TINY.replay_config(), seed=2).start()
     try:
@@ -202,6 +202,11 @@ def test_replay_moves_from_shared_memory_to_grpc_mid_training_without_loss(tmp_p
         np.testing.assert_array_equal(arrays["step"], np.arange(600))  # every transition, once, in order
         assert trainer.gradient_steps == 600 - 64 + 1
         assert server.table.stats().inserts == 600
+        # ... and back to shared memory (the switcher goes both ways)
+        trainer.switch_replay(ReplayTable.create(trainer.signature, TINY.replay_config(), shared=True, seed=3))
+        trainer.run(700)
+        _, arrays = trainer.replay.export_state()
+        np.testing.assert_array_equal(arrays["step"], np.arange(700))
     finally:
         trainer.close()
         server.stop(grace=None)
