@@ -198,7 +198,7 @@ class EdgeAgent:
 
     @property
     def active_policy(self) -> OnnxPolicy | None:
-        """The policy the simulator acts with now (e.g. a gateway's ``policy_source``: ``lambda: agent.active_policy``)."""
+        """The policy the simulator acts with now (a gateway can use ``lambda: agent.active_policy``)."""
         return self._policy
 
     @property
