@@ -168,3 +168,26 @@ def test_a_result_over_6mb_goes_to_s3_automatically(aws_env: MotoServer, monkeyp
     monkeypatch.setenv("STRATA_RESULT_BUCKET", "results")
     result = parse_result(rollout_handler(big, Context()))
     assert isinstance(result, RolloutResult) and len(result.fragment_refs) == 4 and result.transitions == 128_000
+
+
+def test_the_handler_needs_neither_torch_nor_onnxruntime_nor_boto3(policy_model: bytes, signing: SigningKey,
+                                                                   tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    data = bundle_bytes(policy_model, signing)
+    event_path = tmp_path / "event.json"
+    event_path.write_text(json.dumps(rollout(policy={"kind": "inline", "bundle_b64": base64.b64encode(data).decode()})))
+    code = (
+        "import sys, json\n"
+        "for name in ('torch', 'onnxruntime', 'onnx', 'boto3', 'botocore'):\n"
+        "    sys.modules[name] = None  # importing any of them now raises ImportError\n"
+        "from functions._handlers import rollout_handler\n"
+        f"result = rollout_handler(json.load(open({str(event_path)!r})), None)\n"
+        "assert result['ok'], result\n"
+        "print(result['policy_version'], result['transitions'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "STRATA_TRUSTED_KEYS": os.environ["STRATA_TRUSTED_KEYS"]})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["3", "120"]
