@@ -430,6 +430,8 @@ def _create_iot_certificate(ex: AwsExecutor, step: Step) -> dict[str, Any]:
 def _update_iot_certificate(ex: AwsExecutor, step: Step) -> dict[str, Any]:
     cert = step.resource
     assert isinstance(cert, IotCertificate) and step.live is not None
+    if step.live.attributes.get("credentials_file") != "present":
+        return _create_iot_certificate(ex, step)  # the key is lost: issue a new certificate, drop the old one
     iot = ex.aws.get("iot")
     arn = str(step.live.ids["certificate_arn"])
     if step.live.attributes["status"] != "ACTIVE":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from infra._errors import UnknownResourceKindError
@@ -138,7 +139,12 @@ def read_iot_certificate(aws: Clients, name: str, record: Record | None) -> Live
     things = sorted(iot.list_principal_things(principal=arn).get("things", []))
     policies = sorted(p["policyName"] for p in iot.list_attached_policies(target=arn).get("policies", []))
     assert record is not None
-    return Live(attributes={"status": desc["status"], "things": things, "policies": policies},
+    # The private key exists only in the local credentials file: without it the certificate is useless,
+    # so a lost file shows in the plan (and apply issues a new certificate).
+    creds = record.ids.get("credentials_file")
+    present = "present" if creds and Path(str(creds)).is_file() else "missing"
+    return Live(attributes={"status": desc["status"], "things": things, "policies": policies,
+                            "credentials_file": present},
                 ids={**record.ids, "certificate_arn": arn})
 
 

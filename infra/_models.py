@@ -326,7 +326,7 @@ class IotCertificate:
 
     def attributes(self) -> dict[str, Any]:
         """Diffable desired state."""
-        return {"status": "ACTIVE", "things": [self.thing], "policies": [self.policy]}
+        return {"status": "ACTIVE", "things": [self.thing], "policies": [self.policy], "credentials_file": "present"}
 
 
 Resource: TypeAlias = Bucket | Role | Function | Alias | IotPolicy | IotThing | IotCertificate

@@ -312,3 +312,21 @@ def test_plans_are_frozen_records(aws_env: MotoServer, make_config: MakeConfig, 
         p.steps[0].action = "delete"  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.steps = ()  # type: ignore[misc]
+
+
+def test_a_lost_credentials_file_shows_in_the_plan_and_apply_issues_a_new_certificate(
+        aws_env: MotoServer, make_config: MakeConfig, state_dir: Path) -> None:
+    config = make_config(edge_nodes=("node-a",))
+    apply(config, state_dir=state_dir)
+    old = StateStore(state_dir, "test").load().get("iot_certificate", "strata-test-node-a")
+    assert old is not None
+    Path(old.ids["credentials_file"]).unlink()
+    step = steps_by_key(plan(config, state_dir=state_dir))["iot_certificate/strata-test-node-a"]
+    assert [(ch.field, ch.live, ch.desired, ch.drift) for ch in step.changes] == [
+        ("credentials_file", "missing", "present", True)]
+    apply(config, state_dir=state_dir)
+    new = StateStore(state_dir, "test").load().get("iot_certificate", "strata-test-node-a")
+    assert new is not None and new.ids["certificate_id"] != old.ids["certificate_id"]
+    assert Path(new.ids["credentials_file"]).is_file()
+    assert [x["certificateId"] for x in c("iot").list_certificates()["certificates"]] == [new.ids["certificate_id"]]
+    assert plan(config, state_dir=state_dir).changes == ()
