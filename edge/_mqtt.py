@@ -180,6 +180,10 @@ class MqttLink:
         self._state = LinkState.NEW
         self.last_error: str | None = None
         self.connects = 0
+        self.connected_at: float | None = None
+        """Clock reading of the latest CONNACK."""
+        self.backoffs: list[float] = []
+        """The last reconnect delays slept (at most 32), for status and tests."""
         self._thread: threading.Thread | None = None
         self._mqtt = mqtt
         client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=config.client_id,
@@ -267,7 +271,8 @@ class MqttLink:
             if self._client.socket() is None:
                 if self._closing:
                     return
-                self._state = LinkState.CONNECTING
+                if self._state is LinkState.NEW:  # later attempts keep reporting why the last one failed
+                    self._state = LinkState.CONNECTING
                 try:
                     if first:
                         self._client.connect(self.address.host, self.address.port, self.config.keepalive_s)
@@ -279,7 +284,7 @@ class MqttLink:
                     # offline and tries again after the backoff.
                     self._state = LinkState.UNREACHABLE
                     self.last_error = f"{type(exc).__name__}: {exc}"
-                    self._sleep(delay)
+                    self._backoff(delay)
                     delay = min(delay * 2, self.config.reconnect_max_s)
                     continue
             rc = self._client.loop(timeout=0.05)
@@ -289,10 +294,14 @@ class MqttLink:
                 if self._state is not LinkState.REFUSED:
                     self._state = LinkState.DISCONNECTED
                 self._connected.clear()
-                self._sleep(delay)
+                self._backoff(delay)
                 delay = min(delay * 2, self.config.reconnect_max_s)
             elif self._connected.is_set():
                 delay = self.config.reconnect_min_s
+
+    def _backoff(self, delay: float) -> None:
+        self.backoffs = [*self.backoffs[-31:], delay]
+        self._sleep(delay)
 
     # ------------------------------------------------------------------------------------------ paho callbacks
 
@@ -312,6 +321,7 @@ class MqttLink:
         if topics:
             client.subscribe([(t, QOS) for t in topics])
         self.connects += 1
+        self.connected_at = self._clock()
         self.last_error = None
         self._state = LinkState.CONNECTED
         self._connected.set()

@@ -1,0 +1,64 @@
+"""The paho adapter: URL parsing, caller mistakes raise, link conditions are states, backoff doubles."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+
+from edge import EdgeConfigError, LinkConfig, LinkState, MqttLink, PublishState, parse_broker_url
+from tests._services import Mosquitto, free_port
+from tests.edge._agents import wait_until
+
+
+def test_parse_broker_url() -> None:
+    a = parse_broker_url("mqtts://user:p%40ss@broker.example:8884")
+    assert (a.host, a.port, a.tls, a.username, a.password) == ("broker.example", 8884, True, "user", "p@ss")
+    assert parse_broker_url("mqtt://127.0.0.1").port == 1883
+    with pytest.raises(EdgeConfigError, match=re.escape("broker URL 'http://x' is not of the form mqtt://host:port")):
+        parse_broker_url("http://x")
+
+
+def test_caller_mistakes_raise(mosquitto: Mosquitto) -> None:
+    link = MqttLink(LinkConfig(broker=mosquitto.url, client_id="mistakes"))
+    with pytest.raises(EdgeConfigError, match=re.escape("cannot publish to topic 'a/+'")):
+        link.publish("a/+", b"x")
+    with pytest.raises(EdgeConfigError, match=re.escape("131073 bytes exceeds the 131072-byte limit of AWS IoT")):
+        link.publish("a/b", bytes(128 * 1024 + 1))
+
+
+def test_unreachable_broker_is_a_state_and_backoff_doubles_to_the_cap() -> None:
+    slept: list[float] = []
+    enough = threading.Event()
+
+    def sleep(delay: float) -> None:
+        slept.append(delay)
+        if len(slept) >= 8:
+            enough.set()
+
+    link = MqttLink(LinkConfig(broker=f"mqtt://127.0.0.1:{free_port()}", client_id="lonely", reconnect_min_s=0.25,
+                               reconnect_max_s=4.0), sleep=sleep).start()
+    try:
+        assert enough.wait(10)
+        assert link.state is LinkState.UNREACHABLE and "Connection refused" in (link.last_error or "")
+        assert slept[:8] == [0.25, 0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
+        # publishing while unreachable is not an error: paho holds the message for the reconnect
+        assert link.publish("a/b", b"later").state is PublishState.HELD
+    finally:
+        link.close()
+
+
+def test_reconnects_after_a_broker_restart_and_resubscribes(mosquitto: Mosquitto) -> None:
+    got: list[bytes] = []
+    link = MqttLink(LinkConfig(broker=mosquitto.url, client_id="sticky", reconnect_min_s=0.05),
+                    on_message=lambda t, p, r: got.append(p))
+    link.subscribe("sticky/t")
+    with link.start(), MqttLink(LinkConfig(broker=mosquitto.url, client_id="sender", reconnect_min_s=0.05)) as sender:
+        assert link.wait_connected(10) and sender.wait_connected(10)
+        mosquitto.restart()
+        wait_until(lambda: link.connects >= 2 and sender.connects >= 2, timeout=30, what="both reconnected")
+        time.sleep(0.3)  # the renewed SUBSCRIBE reaches the broker
+        sender.publish("sticky/t", b"after restart")
+        wait_until(lambda: got == [b"after restart"], what="message after the restart")
