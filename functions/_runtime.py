@@ -16,9 +16,10 @@ invokes AWS Lambda invokes this. One request's life:
 Workers are ``python -m functions._worker HANDLER`` processes running the official `awslambdaric`
 runtime interface client, so handlers get real ``context`` objects and Lambda's error shapes. A
 worker's state machine: STARTING -> IDLE <-> BUSY -> DEAD (killed on timeout, crash or shutdown);
-workers stay warm until the runtime stops. Memory is enforced as an address-space limit
-(RLIMIT_AS = memory_mb + `RuntimeConfig.address_space_slack_mb`, because CPython + numpy reserve
-several hundred MB of untouched virtual memory); Lambda limits resident memory, so this is looser.
+workers stay warm until idle for `RuntimeConfig.idle_timeout_s` or the runtime stops. Memory is
+enforced as an address-space limit (RLIMIT_AS = memory_mb + `RuntimeConfig.address_space_slack_mb`,
+because CPython + numpy reserve several hundred MB of untouched virtual memory); Lambda limits
+resident memory, so this is looser.
 
 Event invocations are queued and run by the function's dispatcher threads, retried twice on a
 function error (as Lambda does), and may be delivered twice on purpose (`FaultConfig.duplicate_rate`):
@@ -160,6 +161,9 @@ class RuntimeConfig:
     """Retries of an Event invocation whose function failed (Lambda: 2)."""
     async_retry_delay_s: float = 0.2
     """Delay before each async retry (Lambda waits about a minute; short here)."""
+    idle_timeout_s: float = 900.0
+    """A warm worker idle for longer is stopped, like a reclaimed Lambda environment (checked on the next
+    invocation of its function)."""
 
 
 class FunctionSource(Protocol):
@@ -312,6 +316,7 @@ class _Worker:
         self.spec = spec
         self.state = WorkerState.STARTING
         self.invocations = 0
+        self.last_used = time.monotonic()
         self._runtime = runtime
         # The worker's pending GET /next (its handler and a "written" event), or an invocation waiting for it:
         # deliver() writes the invocation straight onto a waiting poll, saving a thread wake-up per call.
@@ -495,6 +500,7 @@ class _Worker:
         """Back to the idle pool after an invocation finished."""
         self._current = None
         self.invocations += 1
+        self.last_used = time.monotonic()
         if self.state is WorkerState.BUSY:
             self.state = WorkerState.IDLE
 
@@ -573,6 +579,12 @@ class FunctionStats:
     duplicates_injected: int = 0
 
 
+class _Throttled(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class _ApiError(Exception):
     def __init__(self, status: int, error_type: str, body: Mapping[str, Any],
                  headers: Mapping[str, str] | None = None) -> None:
@@ -647,28 +659,44 @@ class LocalRuntime:
             return sum(1 for w in self._workers[name] if w.state is not WorkerState.DEAD)
 
     # -- pool --
-    def _acquire(self, spec: FunctionSpec, *, wait: bool) -> tuple[_Worker, bool] | None:
-        """An idle worker (or a new one, cold) for `spec`; None when at the concurrency cap and not waiting."""
+    def _acquire(self, spec: FunctionSpec, *, wait: bool) -> tuple[_Worker, bool]:
+        """An idle worker (or a new one, cold) for `spec`, and whether it is cold.
+
+        Raises:
+            _Throttled: at a concurrency cap and not waiting (the reason is Lambda's ThrottleReason).
+        """
         with self._lock:
             while not self._closed:
                 workers = self._workers[spec.name]
-                for w in workers:
-                    if w.state is WorkerState.IDLE:
-                        w.state = WorkerState.BUSY
+                self._reap_idle(workers)
+                if self._busy >= self.config.account_concurrency:
+                    reason = "ConcurrentInvocationLimitExceeded"
+                else:
+                    for w in workers:
+                        if w.state is WorkerState.IDLE:
+                            w.state = WorkerState.BUSY
+                            self._busy += 1
+                            return w, False
+                    live = sum(1 for w in workers if w.state is not WorkerState.DEAD)
+                    if live < spec.reserved_concurrency:
+                        worker = _Worker(spec, self)
+                        worker.state = WorkerState.BUSY
+                        workers.append(worker)
                         self._busy += 1
-                        return w, False
-                live = sum(1 for w in workers if w.state is not WorkerState.DEAD)
-                if live < spec.reserved_concurrency and self._busy < self.config.account_concurrency:
-                    worker = _Worker(spec, self)
-                    worker.state = WorkerState.BUSY
-                    workers.append(worker)
-                    self._busy += 1
-                    self.stats[spec.name].cold_starts += 1  # under self._lock
-                    return worker, True
+                        self.stats[spec.name].cold_starts += 1  # under self._lock
+                        return worker, True
+                    reason = "ReservedFunctionConcurrentInvocationLimitExceeded"
                 if not wait:
-                    return None
+                    raise _Throttled(reason)
                 self._lock.wait(timeout=0.5)
-        return None
+        raise _Throttled("ConcurrentInvocationLimitExceeded")  # shutting down
+
+    def _reap_idle(self, workers: list[_Worker]) -> None:
+        """Kill workers idle for longer than `RuntimeConfig.idle_timeout_s` (Lambda reclaims idle environments)."""
+        now = time.monotonic()
+        for w in workers:
+            if w.state is WorkerState.IDLE and now - w.last_used > self.config.idle_timeout_s:
+                w.kill()
 
     def _release(self, worker: _Worker) -> None:
         with self._lock:
@@ -686,12 +714,13 @@ class LocalRuntime:
 
     # -- invoking --
     def run(self, spec: FunctionSpec, version: str, payload: bytes, *, client_context: str | None = None,
-            wait_for_worker: bool = False) -> tuple[_Outcome, _Invocation, bytes] | None:
-        """Run one invocation to its outcome; None when throttled (no worker and not waiting)."""
-        got = self._acquire(spec, wait=wait_for_worker)
-        if got is None:
-            return None
-        worker, cold = got
+            wait_for_worker: bool = False) -> tuple[_Outcome, _Invocation, bytes]:
+        """Run one invocation to its outcome.
+
+        Raises:
+            _Throttled: no worker is free and `wait_for_worker` is False.
+        """
+        worker, cold = self._acquire(spec, wait=wait_for_worker)
         self._count(spec.name, "invocations")
         inv = _Invocation(spec, version, payload, client_context)
         mark = worker.log_mark()
@@ -757,10 +786,13 @@ class LocalRuntime:
             if item is None:
                 return
             template, attempt = item
-            result = self.run(template.spec, template.version, template.payload,
-                              client_context=template.client_context, wait_for_worker=True)
+            try:
+                outcome = self.run(template.spec, template.version, template.payload,
+                                   client_context=template.client_context, wait_for_worker=True)[0]
+            except _Throttled:
+                return  # the runtime is shutting down
             self._count(name, "async_deliveries")
-            if result is not None and result[0].error_type is not None and attempt < self.config.async_retries:
+            if outcome.error_type is not None and attempt < self.config.async_retries:
                 time.sleep(self.config.async_retry_delay_s * (attempt + 1))
                 q.put((template, attempt + 1))
 
@@ -821,13 +853,12 @@ class LocalRuntime:
         if invocation_type == "Event":
             self.enqueue_async(spec, version, payload, client_context)
             return 202, b"", {}
-        result = self.run(spec, version, payload, client_context=client_context)
-        if result is None:
+        try:
+            outcome, _, logs = self.run(spec, version, payload, client_context=client_context)
+        except _Throttled as exc:
             self._count(name, "throttles")
             raise _ApiError(429, "TooManyRequestsException", {
-                "Type": "User", "message": "Rate Exceeded.",
-                "Reason": "ReservedFunctionConcurrentInvocationLimitExceeded"}, {"Retry-After": "1"})
-        outcome, _, logs = result
+                "Type": "User", "message": "Rate Exceeded.", "Reason": exc.reason}, {"Retry-After": "1"}) from exc
         body, error_type = outcome.body, outcome.error_type
         if len(body) > SYNC_PAYLOAD_LIMIT:
             body = _error_body(f"Response payload size ({len(body)} bytes) exceeded maximum allowed payload size "

@@ -306,3 +306,27 @@ def test_log_tail_stays_right_when_the_log_buffer_is_trimmed(client: Any) -> Non
         log = base64.b64decode(r["LogResult"]).decode()
         assert log.endswith(" MB\n") and "REPORT RequestId:" in log
         assert "x" * 1000 in log
+
+
+def test_account_concurrency_cap_is_429_with_lambdas_reason() -> None:
+    specs = [FunctionSpec(name="sleepy", handler=H + "sleepy"), FunctionSpec(name="echo", handler=H + "echo")]
+    with LocalRuntime(SourceTreeFunctions(specs), config=RuntimeConfig(port=0, account_concurrency=1)) as rt:
+        client = lambda_client(rt.url)
+        busy = threading.Thread(target=lambda: client.invoke(FunctionName="sleepy", Payload=b'{"s": 1.0}'))
+        busy.start()
+        time.sleep(0.5)
+        with pytest.raises(client.exceptions.TooManyRequestsException) as info:
+            lambda_client(rt.url).invoke(FunctionName="echo", Payload=b"{}")
+        assert info.value.response["Reason"] == "ConcurrentInvocationLimitExceeded"
+        busy.join(10)
+
+
+def test_idle_workers_are_reclaimed_after_the_idle_timeout() -> None:
+    specs = [FunctionSpec(name="echo", handler=H + "echo")]
+    with LocalRuntime(SourceTreeFunctions(specs), config=RuntimeConfig(port=0, idle_timeout_s=0.3)) as rt:
+        client = lambda_client(rt.url)
+        first = json.loads(client.invoke(FunctionName="echo", Payload=b"{}")["Payload"].read())["pid"]
+        assert json.loads(client.invoke(FunctionName="echo", Payload=b"{}")["Payload"].read())["pid"] == first
+        time.sleep(0.6)
+        again = json.loads(client.invoke(FunctionName="echo", Payload=b"{}")["Payload"].read())["pid"]
+        assert again != first and rt.stats["echo"].cold_starts == 2
