@@ -248,23 +248,58 @@ class DeviceRuntime:
         self._prefix = f"{config.device_id}-{int(time.time() * 1000) % 1_000_000}"
         self.late_replies = 0
         self.bad_replies = 0
+        self.reconnects = 0
+        self._closing = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     # -------------------------------------------------------------------------------- link
 
     def connect(self) -> DeviceRuntime:
-        """Connect to the broker and subscribe to the device-policy and reply topics."""
+        """Connect to the broker, subscribe to the device-policy and reply topics, and keep reconnecting.
+
+        While the link is down the device keeps acting on its own policy (escalations fall back at once); a
+        background thread reconnects with exponential backoff (0.25 s doubling to 10 s) and subscribes again.
+
+        Raises:
+            DeviceRunError: The first connection cannot be made.
+        """
         try:
-            self.client.connect()
-            self.client.subscribe(self._reply_topic, qos=0)
-            self.client.subscribe(self.topics.device_policy, qos=1)
+            self._connect_once()
         except MqttLiteError as exc:
             self.client.close()
             raise DeviceRunError(f"strata device run: cannot reach the edge's broker {self.config.broker}: {exc}"
                                  ) from None
+        self._closing.clear()
+        self._watcher = threading.Thread(target=self._reconnect_loop, name=f"device-link-{self.config.device_id}",
+                                         daemon=True)
+        self._watcher.start()
         return self
 
+    def _connect_once(self) -> None:
+        self.client.connect()
+        self.client.subscribe(self._reply_topic, qos=0)
+        self.client.subscribe(self.topics.device_policy, qos=1)
+
+    def _reconnect_loop(self) -> None:
+        delay = 0.25
+        while not self._closing.wait(0.1):
+            if self.client.connected:
+                delay = 0.25
+                continue
+            try:
+                self._connect_once()
+                self.reconnects += 1
+            except MqttLiteError:
+                self.client.close()
+                self._closing.wait(delay)
+                delay = min(delay * 2.0, 10.0)
+
     def close(self) -> None:
-        """Disconnect."""
+        """Stop reconnecting and disconnect."""
+        self._closing.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+            self._watcher = None
         self.client.close()
 
     def __enter__(self) -> DeviceRuntime:

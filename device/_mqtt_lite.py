@@ -219,15 +219,17 @@ class MqttLiteClient:
             raise MqttConnectionError(f"mqtt-lite: broker {self.host}:{self.port} refused the connection: {reason}")
         sock.settimeout(None)
         self._sock = sock
-        self._stop.clear()
+        # A fresh stop event per connection: threads of an earlier, lost connection keep theirs (set), so they
+        # end even while this one runs.
+        self._stop = threading.Event()
         self.last_error = None
         self._last_sent = self._last_received = time.monotonic()
         self._connected.set()
-        self._threads = [threading.Thread(target=self._reader, args=(sock,), name=f"mqtt-lite-{self.client_id}",
-                                          daemon=True)]
+        self._threads = [threading.Thread(target=self._reader, args=(sock, self._stop),
+                                          name=f"mqtt-lite-{self.client_id}", daemon=True)]
         if self.keepalive_s:
-            self._threads.append(threading.Thread(target=self._pinger, name=f"mqtt-lite-ping-{self.client_id}",
-                                                  daemon=True))
+            self._threads.append(threading.Thread(target=self._pinger, args=(self._stop,),
+                                                  name=f"mqtt-lite-ping-{self.client_id}", daemon=True))
         for t in self._threads:
             t.start()
         return self
@@ -363,9 +365,9 @@ class MqttLiteClient:
             buf += chunk
         return bytes(buf)
 
-    def _reader(self, sock: socket.socket) -> None:
+    def _reader(self, sock: socket.socket, stop: threading.Event) -> None:
         try:
-            while not self._stop.is_set():
+            while not stop.is_set():
                 first = self._recv_exact(sock, 1)[0]
                 length = decode_remaining_length(lambda: self._recv_exact(sock, 1)[0])
                 body = self._recv_exact(sock, length) if length else b""
@@ -374,7 +376,7 @@ class MqttLiteClient:
         except MqttProtocolError as exc:
             self._lost(str(exc))
         except (MqttLiteError, OSError) as exc:
-            if not self._stop.is_set():
+            if not stop.is_set():
                 self._lost(f"connection lost: {exc}")
 
     def _dispatch(self, kind: int, flags: int, body: bytes) -> None:
@@ -403,9 +405,9 @@ class MqttLiteClient:
         else:
             raise MqttProtocolError(f"mqtt-lite: unexpected packet type {kind} (flags {flags:#x}) from the broker")
 
-    def _pinger(self) -> None:
+    def _pinger(self, stop: threading.Event) -> None:
         half = self.keepalive_s / 2.0
-        while not self._stop.wait(min(half, 1.0)):
+        while not stop.wait(min(half, 1.0)):
             now = time.monotonic()
             if now - self._last_received > 1.5 * self.keepalive_s:
                 self._lost(f"nothing received for {1.5 * self.keepalive_s:.0f} s (keepalive)")

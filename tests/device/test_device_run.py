@@ -132,3 +132,35 @@ def test_device_verifies_bundles_and_times_out_without_an_edge(model: bytes, tmp
         took = time.perf_counter() - start
     assert d.tier == "device-fallback" and d.reason == "low-confidence; timeout"
     assert 0.025 <= took < 0.5
+
+
+def test_device_reconnects_after_a_broker_restart_and_escalates_again(model: bytes, tmp_path: Path,
+                                                                      mosquitto_factory: object) -> None:
+    from device._mqtt_lite import MqttLiteClient
+
+    broker = mosquitto_factory()  # type: ignore[operator]
+    trust = TrustStore([load_public_key(generate_keypair(tmp_path / "keys")[1])])
+    config = DeviceConfig(broker=broker.url, fleet="f2", edge_node="e", device_id="dev-r", budget_ms=1000.0)
+    topics = DeviceTopics("f2", "e")
+    with DeviceRuntime(config, trust=trust) as runtime:
+        assert runtime.offer(_device_bundle(model, tmp_path / "keys", version=1))
+        broker.restart()
+        deadline = time.monotonic() + 15
+        while runtime.reconnects < 1 and time.monotonic() < deadline:
+            # While the link is down, decisions fall back at once instead of waiting out the budget.
+            d = runtime.controller().decide(np.array([0.0, 0.1, 0, 0], np.float32))
+            assert d.tier in ("device-fallback", "edge")
+            time.sleep(0.05)
+        assert runtime.reconnects >= 1 and runtime.client.connected
+
+        def answer(topic: str, payload: bytes, retained: bool) -> None:
+            req = EscalationRequest.decode(topic, payload)
+            edge.publish(topics.reply("dev-r"), EscalationReply(id=req.id, action=(0.0,), policy_version=4).encode())
+
+        edge = MqttLiteClient(host=broker.host, port=broker.port, client_id="fake-edge", on_message=answer).connect()
+        try:
+            edge.subscribe(topics.all_requests, qos=0)
+            d = runtime.controller().decide(np.array([0.0, 0.1, 0, 0], np.float32))
+        finally:
+            edge.close()
+    assert (d.tier, d.edge_version) == ("edge", 4)

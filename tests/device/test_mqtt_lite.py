@@ -100,7 +100,7 @@ def test_last_will_is_published_when_the_device_vanishes(mosquitto: Mosquitto) -
         dying = _client(mosquitto, will=(topic, b"gone", False)).connect()
         assert dying._sock is not None
         dying._sock.shutdown(socket.SHUT_RDWR)  # no DISCONNECT: the broker must publish the will
-        assert inbox.wait(1)[0][:2] == (topic, b"gone")
+        assert inbox.wait(1, timeout=15)[0][:2] == (topic, b"gone")
         dying.close()
 
 
