@@ -40,6 +40,11 @@ def _register_functions(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     serve.add_argument("--service-error-rate", type=float, default=0.0,
                        help="fault: fraction of invocations answered 500 ServiceException")
     serve.add_argument("--no-memory-limit", action="store_true", help="do not apply RLIMIT_AS to workers")
+    serve.add_argument("--account-concurrency", type=int, default=1000,
+                       help="concurrent executions across all functions; more get 429 (default: %(default)s)")
+    serve.add_argument("--idle-timeout", type=float, default=900.0, metavar="S",
+                       help="stop a warm worker idle this long, like a reclaimed Lambda environment "
+                       "(default: %(default)s)")
     serve.set_defaults(func=_serve_functions)
 
 
@@ -67,8 +72,9 @@ def _serve_functions(args: argparse.Namespace) -> int:
     faults = FaultConfig(throttle_rate=args.throttle_rate, duplicate_rate=args.duplicate_rate,
                          cold_start_delay_s=args.cold_start_delay, crash_rate=args.crash_rate,
                          service_error_rate=args.service_error_rate)
-    runtime = LocalRuntime(source, config=RuntimeConfig(host=args.host, port=args.port,
-                                                        enforce_memory=not args.no_memory_limit), faults=faults)
+    config = RuntimeConfig(host=args.host, port=args.port, enforce_memory=not args.no_memory_limit,
+                           account_concurrency=args.account_concurrency, idle_timeout_s=args.idle_timeout)
+    runtime = LocalRuntime(source, config=config, faults=faults)
     runtime.start()
     signal.signal(signal.SIGTERM, lambda signum, frame: runtime.request_stop())
     print(json.dumps({"event": "serving", "url": runtime.url, "functions": source.names()}), flush=True)
