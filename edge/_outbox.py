@@ -102,6 +102,10 @@ class Outbox:
         self._db.execute(f"PRAGMA synchronous={'FULL' if self.config.synchronous_full else 'NORMAL'}")
         self._db.executescript(_SCHEMA)
         self._in_flight: dict[int, int] = {}  # paho mid -> record id
+        self._sizes: dict[int, int] = {}  # record id -> payload bytes, for records in flight
+        # Totals kept in memory, so put/stats stay O(1) however large a backlog an outage leaves.
+        count, size = self._db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM records").fetchone()
+        self._count, self._bytes = int(count), int(size)
         self._sent_ids: set[int] = set()
         self._acks: collections.deque[int] = collections.deque()
 
@@ -117,38 +121,44 @@ class Outbox:
             self._apply_acks()
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                count, size = self._db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM records"
-                                               ).fetchone()
+                count, size = self._count, self._bytes
                 if count >= self.config.max_records or size >= self.config.max_bytes:
                     if self.config.overflow == "drop_newest":
                         self._count_drops(1)
                         self._db.execute("COMMIT")
                         return None
-                    self._drop_oldest(count, size)
+                    count, size = self._drop_oldest(count, size)
                 cur = self._db.execute("INSERT INTO records (topic, payload, created) VALUES (?, ?, ?)",
                                        (topic, b"", self._clock()))
                 record_id = int(cur.lastrowid or 0)
-                self._db.execute("UPDATE records SET payload = ? WHERE id = ?", (build(record_id), record_id))
+                payload = build(record_id)
+                self._db.execute("UPDATE records SET payload = ? WHERE id = ?", (payload, record_id))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
+                self._count, self._bytes = self._recount()
                 raise
+            self._count, self._bytes = count + 1, size + len(payload)
             return record_id
 
-    def _drop_oldest(self, count: int, size: int) -> None:
+    def _recount(self) -> tuple[int, int]:
+        count, size = self._db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM records").fetchone()
+        return int(count), int(size)
+
+    def _drop_oldest(self, count: int, size: int) -> tuple[int, int]:
         excess = max(count - self.config.max_records + 1, 1)
         busy = set(self._in_flight.values())
-        rows = self._db.execute("SELECT id, LENGTH(payload) FROM records ORDER BY id").fetchall()
-        dropped = 0
-        for record_id, nbytes in rows:
-            if dropped >= excess and size < self.config.max_bytes:
-                break
+        victims: list[int] = []
+        for record_id, nbytes in self._db.execute("SELECT id, LENGTH(payload) FROM records ORDER BY id"):
+            if len(victims) >= excess and size < self.config.max_bytes:
+                break  # the cursor is lazy: only the oldest rows are read
             if record_id in busy:
                 continue
-            self._db.execute("DELETE FROM records WHERE id = ?", (record_id,))
-            dropped += 1
+            victims.append(record_id)
             size -= nbytes
-        self._count_drops(dropped)
+        self._db.executemany("DELETE FROM records WHERE id = ?", [(v,) for v in victims])
+        self._count_drops(len(victims))
+        return count - len(victims), size
 
     def _count_drops(self, n: int) -> None:
         self._db.execute("UPDATE counters SET value = value + ? WHERE name = 'dropped'", (n,))
@@ -176,6 +186,7 @@ class Outbox:
                 if not result.accepted:
                     break
                 self._in_flight[result.mid] = record_id
+                self._sizes[record_id] = len(payload)
                 self._sent_ids.add(record_id)
                 sent += 1
             return sent
@@ -193,14 +204,15 @@ class Outbox:
             record_id = self._in_flight.pop(self._acks.popleft(), None)
             if record_id is not None:
                 self._sent_ids.discard(record_id)
-                self._db.execute("DELETE FROM records WHERE id = ?", (record_id,))
+                if self._db.execute("DELETE FROM records WHERE id = ?", (record_id,)).rowcount:
+                    self._count -= 1
+                    self._bytes -= self._sizes.pop(record_id, 0)
 
     def stats(self) -> OutboxStats:
         """Pending, in-flight and dropped counts and the bytes held."""
         with self._lock:
             self._apply_acks()
-            count, size = self._db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM records"
-                                           ).fetchone()
+            count, size = self._count, self._bytes
             (dropped,) = self._db.execute("SELECT value FROM counters WHERE name = 'dropped'").fetchone()
             return OutboxStats(pending=int(count), in_flight=len(self._in_flight), dropped=int(dropped),
                                bytes=int(size))

@@ -90,3 +90,18 @@ def test_in_flight_records_are_never_dropped(tmp_path: Path) -> None:
 def test_bad_config_names_the_fix() -> None:
     with pytest.raises(EdgeConfigError, match=re.escape("overflow='wrap'; use 'drop_oldest' or 'drop_newest'")):
         OutboxConfig(overflow="wrap")  # type: ignore[arg-type]
+
+
+def test_totals_kept_in_memory_match_the_database(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.sqlite", OutboxConfig(max_records=50))
+    link = Link()
+    for i in range(120):
+        box.put("t", lambda rid, i=i: bytes(i))  # type: ignore[misc]
+        if i % 7 == 0:
+            box.pump(link, limit=3)
+        if i % 5 == 0 and link.sent:
+            box.ack(link.sent[len(link.sent) // 2][0])
+    stats = box.stats()
+    box.close()
+    again = Outbox(tmp_path / "o.sqlite")
+    assert (again.stats().pending, again.stats().bytes) == (stats.pending, stats.bytes)
