@@ -66,6 +66,8 @@ def _register_device(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     run.add_argument("--env", required=True, metavar="ID", help="gymnasium env id standing in for the sensors")
     run.add_argument("--steps", type=int, default=1000, metavar="N", help="decisions to make (default: %(default)s)")
     run.add_argument("--seed", type=int, default=0, help="env seed (default: %(default)s)")
+    run.add_argument("--decisions-out", type=Path, default=None, metavar="FILE",
+                     help="write one JSON line per decision (step, tier, reason, confidence, latency, edge version)")
     add_config_arguments(run.add_argument_group("device (DeviceConfig)"), DeviceConfig)
     run.set_defaults(func=_device_run)
 
@@ -80,9 +82,11 @@ def _register_device(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _device_run(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from device._config import config_from_args
     from device._deps import require
-    from device._device_run import DeviceConfig, DeviceRuntime, run_device
+    from device._device_run import Decision, DeviceConfig, DeviceRuntime, run_device
 
     config = config_from_args(DeviceConfig, args)
     # The env stands in for the device's sensors; only this command needs gymnasium, so it is imported here.
@@ -93,8 +97,18 @@ def _device_run(args: argparse.Namespace) -> int:
         m = bundle.manifest
         print(f"strata device run: {config.device_id}: micro policy {m.policy!r} v{m.version} from edge "
               f"{config.edge_node}", flush=True)
-        report = run_device(runtime, env, steps=args.steps, seed=args.seed)
+        log: list[str] = []
+
+        def record(d: Decision) -> None:
+            log.append(json.dumps({"step": len(log), "tier": d.tier, "reason": d.reason,
+                                   "confidence": round(d.confidence, 6), "latency_ms": round(d.latency_s * 1e3, 4),
+                                   "edge_version": d.edge_version, "action": np.asarray(d.action).tolist()}))
+
+        report = run_device(runtime, env, steps=args.steps, seed=args.seed,
+                            on_decision=record if args.decisions_out else None)
     env.close()
+    if args.decisions_out is not None:
+        _write_text_atomic(args.decisions_out, "".join(line + "\n" for line in log))
     summary = report.summary()
     by = summary["by_tier"]
     print(f"strata device run: {report.steps} decisions: device {by['device']}, edge {by['edge']}, fallback "
@@ -102,6 +116,21 @@ def _device_run(args: argparse.Namespace) -> int:
           f"{summary['episodes']} episodes, mean return {summary['mean_return']}")
     print(json.dumps(summary, sort_keys=True))
     return 0
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _device_export_c(args: argparse.Namespace) -> int:

@@ -164,3 +164,20 @@ def test_device_reconnects_after_a_broker_restart_and_escalates_again(model: byt
         finally:
             edge.close()
     assert (d.tier, d.edge_version) == ("edge", 4)
+
+
+def test_box_policies_escalate_only_when_stale() -> None:
+    from tests.device._models import mlp_policy
+
+    executor = NumpyExecutor(mlp_policy(n_actions=None, act_dim=2, hidden=(16,)))
+    stale = [False]
+    c = TieredController(executor, discrete=False, threshold=1.0, is_stale=lambda: stale[0],
+                         escalate=lambda obs, b: EscalationReply(id="x", action=(0.25, -0.5), policy_version=2))
+    obs = np.array([0.1, 0.2, 0.3, 0.4], np.float32)
+    d = c.decide(obs)
+    assert d.tier == "device" and d.confidence == 1.0
+    np.testing.assert_array_equal(d.action, executor.act(obs[None])[0])
+    stale[0] = True
+    d = c.decide(obs)
+    assert d.tier == "edge" and d.action.dtype == np.float32
+    np.testing.assert_array_equal(d.action, np.array([0.25, -0.5], np.float32))

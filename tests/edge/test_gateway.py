@@ -177,7 +177,8 @@ def test_strata_device_run_smoke(mosquitto: Mosquitto, keys: Path, edge_policy: 
         proc = run_strata("device", "run", "--broker", mosquitto.url, "--fleet", fleet, "--edge-node", "edge-e",
                           "--device-id", "dev-cli", "--env", "CartPole-v1", "--trust", str(keys / "strata-signing.pub"),
                           "--steps", "50", "--threshold", "0.3", "--budget-ms", "200",
-                          "--state-path", str(tmp_path / "state.json"), timeout=120)
+                          "--state-path", str(tmp_path / "state.json"), "--decisions-out",
+                          str(tmp_path / "decisions.jsonl"), timeout=120)
     finally:
         gateway.close()
     assert proc.returncode == 0, proc.stderr
@@ -185,6 +186,9 @@ def test_strata_device_run_smoke(mosquitto: Mosquitto, keys: Path, edge_policy: 
     assert summary["steps"] == 50 and summary["policy_version"] == 5
     assert summary["by_tier"]["edge"] > 0
     assert json.loads((tmp_path / "state.json").read_text())  # anti-rollback state persisted
+    decisions = [json.loads(line) for line in (tmp_path / "decisions.jsonl").read_text().splitlines()]
+    assert len(decisions) == 50 and {d["tier"] for d in decisions} <= {"device", "edge", "device-fallback"}
+    assert sum(d["tier"] == "edge" for d in decisions) == summary["by_tier"]["edge"]
 
 
 def test_strata_device_run_without_a_policy_is_a_clean_error(mosquitto: Mosquitto, keys: Path) -> None:
@@ -209,3 +213,23 @@ def test_strata_device_export_c_smoke(micro: Bundle, tmp_path: Path) -> None:
     from device import NumpyExecutor
 
     assert action == int(NumpyExecutor.from_bundle(micro).act(np.array([[0.1, 0.2, 0.3, 0.4]], np.float32))[0])
+
+
+def test_box_edge_policy_replies_with_the_action_vector(mosquitto: Mosquitto, keys: Path) -> None:
+    box = build_bundle(mlp_policy(n_actions=None, act_dim=2, hidden=(16,)), policy="box", version=3,
+                       parent_version=None, observation_space=OBS,
+                       action_space={"type": "Box", "shape": [2], "dtype": "float32", "low": [-1, -1],
+                                     "high": [1, 1]},
+                       signing_key=load_signing_key(keys / "strata-signing.key"), target_tier="edge")
+    policy = OnnxPolicy(box)
+    fleet = _fleet()
+    gateway = EdgeGateway(GatewayConfig(broker=mosquitto.url, fleet=fleet, node="edge-box"),
+                          policy_source=lambda: policy).start()
+    try:
+        obs = (0.1, 0.2, 0.3, 0.4)
+        (reply,) = _collect_replies(mosquitto, DeviceTopics(fleet, "edge-box"), "dev-b",
+                                    [EscalationRequest(id="b1", obs=obs, budget_ms=5000.0)], expect=1)
+    finally:
+        gateway.close()
+    assert reply.action is not None and len(reply.action) == 2
+    np.testing.assert_allclose(reply.action, policy.act(np.array(obs, np.float32)), atol=1e-6)
