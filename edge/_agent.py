@@ -244,9 +244,7 @@ class EdgeAgent:
         if self._follow is None and bundle is not None:
             self._follow = bundle.policy
         if self.config.broker is not None:
-            password = None
-            if self.config.password_file:
-                password = Path(self.config.password_file).read_text().strip()
+            password = read_password_file(self.config.password_file) if self.config.password_file else None
             link_config = LinkConfig(broker=self.config.broker, client_id=self.config.node_id,
                                      username=self.config.username, password=password, ca_file=self.config.ca_file,
                                      cert_file=self.config.cert_file, key_file=self.config.key_file)
@@ -589,6 +587,15 @@ class EdgeAgent:
         if self.outbox.put(self.topics.node(node, "experience"),
                            lambda rid: Experience(record_id=rid, node=node, batch=batch).encode()) is not None:
             self.counters.experience_records += 1
+
+
+def read_password_file(path: str | Path) -> str:
+    """The broker password stored in `path` (surrounding whitespace removed); `EdgeConfigError` if unreadable."""
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise EdgeConfigError(f"cannot read the broker password file {str(path)!r}: {exc.strerror or exc}; "
+                              "pass a file written by `strata broker config` (credentials/USER.password)") from None
 
 
 def _finite(x: float) -> float | None:

@@ -23,7 +23,9 @@ def _link_flags(parser: argparse.ArgumentParser, *, user_help: str) -> None:
 
 
 def _password(args: argparse.Namespace) -> str | None:
-    return None if args.password_file is None else Path(args.password_file).read_text().strip()
+    from edge._agent import read_password_file
+
+    return None if args.password_file is None else read_password_file(args.password_file)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

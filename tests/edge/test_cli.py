@@ -67,5 +67,8 @@ def test_errors_are_one_clean_line(tmp_path: Path) -> None:
     assert bad.returncode == 2
     assert "fleet 'a/b' cannot be an MQTT topic segment" in bad.stderr
     assert "Traceback" not in bad.stderr + missing.stderr
+    nopw = run_strata("fleet", "--broker", "mqtt://127.0.0.1:1", "--fleet", "f", "--password-file",
+                      str(tmp_path / "missing.password"))
+    assert nopw.returncode == 2 and "cannot read the broker password file" in nopw.stderr
     url = run_strata("fleet", "--broker", "http://x", "--fleet", "f")
     assert url.returncode == 2 and "is not of the form mqtt://host:port" in url.stderr
