@@ -286,10 +286,9 @@ class EdgeAgent:
                     break
                 time.sleep(0.02)
             if link.connected:
-                info = link.publish(self.topics.node(self.config.node_id, "status"),
-                                    self.status(online=False).encode(), retain=True)
-                del info
-                time.sleep(0.05)
+                # Sent before the DISCONNECT on the same connection, so the broker stores it first.
+                link.publish(self.topics.node(self.config.node_id, "status"), self.status(online=False).encode(),
+                             retain=True)
             link.close()
         self.outbox.close()
 
