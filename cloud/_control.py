@@ -33,6 +33,9 @@ from cloud._errors import CloudError
 
 CONTROL_FILE = "control.json"
 TOKEN_FILE = "control.token"
+SWITCHES_FILE = "switches.jsonl"
+"""One line per completed switch (`cloud._switcher.SwitchEvent`), appended by the job; the first
+line records the initial mode as a switch from nothing."""
 
 
 class ControlError(CloudError):
@@ -184,3 +187,55 @@ class ControlClient:
     def switch(self, to: str, *, timeout: float = 300.0) -> dict[str, Any]:
         """Ask the job to switch to mode `to`; return once the switch is complete."""
         return self._call("POST", "/v1/switch", {"to": to}, timeout)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def last_record(path: Path) -> dict[str, Any]:
+    """The last complete JSON line of a JSONL file (empty when there is none)."""
+    if not path.exists():
+        return {}
+    with path.open("rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - 65536))
+        lines = f.read().splitlines()
+    for line in reversed(lines):
+        try:
+            record: dict[str, Any] = json.loads(line)
+            return record
+        except ValueError:  # a line cut by a crash or by the tail window
+            continue
+    return {}
+
+
+def list_runs(root: Path) -> list[dict[str, Any]]:
+    """Describe every run directory under `root`: running or stopped, last step, return and version."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    runs = []
+    for run_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        if not (run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").exists():
+            continue
+        info: dict[str, Any] = {"run": str(run_dir), "state": "stopped"}
+        control = run_dir / CONTROL_FILE
+        if control.exists():
+            try:
+                pid = int(json.loads(control.read_text())["pid"])
+                info["state"] = "running" if _pid_alive(pid) else "crashed"
+            except (ValueError, KeyError, TypeError):
+                info["state"] = "unknown"
+        last = last_record(run_dir / "metrics.jsonl")
+        switch = last_record(run_dir / SWITCHES_FILE)
+        info.update(step=last.get("global_step"), version=last.get("policy_version"),
+                    mean_return=last.get("charts/mean_return_20"), mode=switch.get("to_mode"))
+        runs.append(info)
+    return runs

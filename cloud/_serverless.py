@@ -92,6 +92,8 @@ class ServerlessConfig:
     """Base seed; rollout k seeds its streams from seed + k * envs_per_invocation."""
     source: str = "functions"
     """Source name in every transition id."""
+    actions: Literal["greedy", "sample"] = "greedy"
+    """How functions choose actions: the policy's greedy action, or a sample from its logits (training)."""
 
     # demand and scaling
     target_steps_per_s: float = 100_000.0
@@ -361,6 +363,7 @@ class ServerlessRolloutSource:
             policy=self.policy, num_envs=c.envs_per_invocation,
             seeds=tuple(c.seed + index * c.envs_per_invocation + i for i in range(c.envs_per_invocation)),
             steps=c.steps_per_invocation, fragment_length=c.fragment_length or None, source=c.source,
+            actions=c.actions,
             stream_base=index * c.envs_per_invocation,
             result=ResultSink(mode="s3" if c.invocation == "async" else "auto", s3_bucket=c.result_bucket or None,
                               s3_prefix=c.result_prefix))

@@ -18,6 +18,9 @@ Rollout event (JSON object; ``?`` marks optional fields)::
              | {"kind": "s3", "bucket": "b", "key": "k", "version_id"?: "..."}
              | {"kind": "parameter_server", "address": "host:port", "version": 7}
              | {"kind": "random"},             uniform random actions (smoke tests, benchmarks)
+     "actions"?: "greedy" | "sample",          greedy: the bundle's "action" output; sample: draw from its
+                                               "logits" (Discrete policies; what an on-policy learner needs),
+                                               seeded by the streams' seeds so a redelivery repeats itself
      "source"?: "functions",                   transition id source name
      "stream_base"?: 0,                        env stream i is worker id stream_base + i
      "result"?: {"s3_bucket"?: "b", "s3_prefix"?: "rollouts/", "mode"?: "auto" | "inline" | "s3"}}
@@ -154,6 +157,8 @@ class RolloutRequest:
     """Cap on steps per env stream in episodes mode."""
     fragment_length: int | None = None
     """Time steps per returned fragment; None means one fragment."""
+    actions: Literal["greedy", "sample"] = "greedy"
+    """``greedy``: the policy's deterministic action; ``sample``: drawn from its logits."""
     source: str = "functions"
     """Source name in every transition id."""
     stream_base: int = 0
@@ -166,7 +171,7 @@ class RolloutRequest:
         event: JSONDict = {"rollout_id": self.rollout_id,
                            "env": {"id": self.env.id, "kwargs": dict(self.env.kwargs)},
                            "num_envs": self.num_envs, "seeds": list(self.seeds),
-                           "policy": policy_to_json(self.policy), "source": self.source,
+                           "policy": policy_to_json(self.policy), "actions": self.actions, "source": self.source,
                            "stream_base": self.stream_base, "max_steps": self.max_steps,
                            "result": {"mode": self.result.mode, "s3_prefix": self.result.s3_prefix}}
         if self.steps is not None:
@@ -267,7 +272,7 @@ class ErrorResult:
 # ---- validation ---------------------------------------------------------------------------------------------
 
 _TOP_LEVEL = {"kind", "rollout_id", "env", "num_envs", "seed", "seeds", "steps", "episodes", "max_steps",
-              "fragment_length", "policy", "source", "stream_base", "result"}
+              "fragment_length", "policy", "actions", "source", "stream_base", "result"}
 
 
 def _int(event: Mapping[str, Any], name: str, *, low: int, high: int, default: int | None = None,
@@ -409,6 +414,10 @@ def parse_rollout_event(event: object) -> RolloutRequest:
     source = _str(event, "source", path="source", max_len=64, required=False,
                   fix="send a short source name or leave it out") or "functions"
     stream_base = _int(event, "stream_base", low=0, high=2**62, default=0)
+    actions = event.get("actions", "greedy")
+    if actions not in ("greedy", "sample"):
+        raise EventError("actions", f"must be 'greedy' or 'sample', got {actions!r}",
+                         "send 'sample' for on-policy training data, 'greedy' (the default) to evaluate")
     assert max_steps is not None and stream_base is not None
     if steps is not None and math.prod((steps, num_envs)) > MAX_STEPS * 16:
         raise EventError("steps", f"steps * num_envs = {steps * num_envs} is over {MAX_STEPS * 16}",
@@ -419,6 +428,7 @@ def parse_rollout_event(event: object) -> RolloutRequest:
     return RolloutRequest(rollout_id=rollout_id, env=EnvSpec(id=env_id, kwargs=dict(kwargs)),
                           policy=_policy(event), num_envs=num_envs, seeds=_seeds(event, num_envs), steps=steps,
                           episodes=episodes, max_steps=max_steps, fragment_length=fragment_length, source=source,
+                          actions=actions,
                           stream_base=stream_base, result=_result_sink(event))
 
 

@@ -63,7 +63,7 @@ _RESULT_SLACK = 64 * 1024
 PolicyResolver = Callable[[ParameterServerPolicy], bytes]
 
 _envs_cache: dict[str, list[Any]] = {}
-_policy_cache: dict[str, tuple[Callable[[np.ndarray], np.ndarray], int, float | None]] = {}
+_policy_cache: dict[str, tuple[Any, int, float | None]] = {}  # sha256 -> (NumpyExecutor, version, expiry)
 _verifier_cache: list[Any] = []
 _resolvers: list[PolicyResolver] = []
 
@@ -97,7 +97,7 @@ def rollout_handler(event: Any, context: Any) -> dict[str, Any]:
         return ErrorResult.from_event_error(exc, rollout_id).to_dict()
     try:
         envs = _envs(request)
-        act, version = _policy(request.policy, envs, request.seeds)
+        act, version = _policy(request.policy, envs, request.seeds, actions=request.actions)
         sim = simulate(request, envs, act, policy_version=version)
         return _result(request, sim, request_id=request_id, started=started)
     except EventError as exc:
@@ -118,7 +118,8 @@ def _envs(request: RolloutRequest) -> list[Any]:
     return envs
 
 
-def _policy(ref: PolicyRef, envs: list[Any], seeds: tuple[int, ...]) -> tuple[Act, int]:
+def _policy(ref: PolicyRef, envs: list[Any], seeds: tuple[int, ...], *, actions: str = "greedy"
+            ) -> tuple[Act, int]:
     if isinstance(ref, RandomPolicy):
         return random_act(envs, seeds), 0
     if isinstance(ref, InlinePolicy):
@@ -134,14 +135,31 @@ def _policy(ref: PolicyRef, envs: list[Any], seeds: tuple[int, ...]) -> tuple[Ac
         data = _resolvers[0](ref)
     digest = hashlib.sha256(data).hexdigest()
     cached = _policy_cache.get(digest)
-    if cached is not None and (cached[2] is None or time.time() < cached[2]):
-        return cached[0], cached[1]
-    from device import NumpyExecutor
+    if cached is None or (cached[2] is not None and time.time() >= cached[2]):
+        from device import NumpyExecutor
 
-    bundle = _verifier().verify(data, allow_current=True)
-    act: Act = NumpyExecutor.from_bundle(bundle).act
-    _policy_cache[digest] = (act, bundle.manifest.version, bundle.manifest.expires_at)
-    return act, bundle.manifest.version
+        bundle = _verifier().verify(data, allow_current=True)
+        cached = (NumpyExecutor.from_bundle(bundle), bundle.manifest.version, bundle.manifest.expires_at)
+        _policy_cache[digest] = cached
+    executor, version = cached[0], cached[1]
+    if actions == "greedy":
+        return executor.act, version
+    if "logits" not in executor.output_names:
+        raise EventError("actions", "'sample' needs a Discrete policy whose bundle has a 'logits' output; "
+                         f"this one has {list(executor.output_names)}", "send actions 'greedy' for this policy")
+    return sample_from_logits(executor, seeds), version
+
+
+def sample_from_logits(executor: Any, seeds: tuple[int, ...]) -> Act:
+    """An ``act`` drawing each stream's action from the policy's logits (Gumbel-max), seeded by `seeds`."""
+    rng = np.random.default_rng(list(seeds))
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        logits = executor.run({"obs": np.asarray(obs, dtype=np.float32)})["logits"]
+        gumbel = -np.log(-np.log(rng.uniform(1e-12, 1.0, size=logits.shape)))
+        return np.asarray(np.argmax(logits + gumbel, axis=-1), dtype=np.int64)
+
+    return act
 
 
 def _verifier() -> Any:
