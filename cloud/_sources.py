@@ -118,17 +118,28 @@ class FragmentFeed:
         agent: The learner's agent, to compute log-probs and values of the fragments.
         normalizer: The learner's observation normaliser.
         num_envs: Env streams per update (the learner's ``num_envs``).
-        num_steps: Steps per stream per update; every fragment must be this long.
-        envs_per_fragment: Env streams in one fragment; ``num_envs`` must be a multiple of it.
+        num_steps: Steps per stream per update (the learner's ``num_steps``).
+        envs_per_fragment: Env streams in one fragment.
+        fragment_steps: Steps in one fragment, a multiple ``m`` of `num_steps`: a longer fragment is
+            cut into ``m`` consecutive pieces, each bootstrapped from the first observation of the
+            next, so hosts can run long stretches of few streams (a function starts its streams
+            afresh on every invocation). ``num_envs`` must be a multiple of ``m * envs_per_fragment``.
         workers: How many hosts or function instances feed it (for status).
     """
 
     def __init__(self, mode: str, make_producer: Callable[[], FragmentProducer], *,
                  bundle_for: Callable[[int], bytes], agent: Any, normalizer: Any, num_envs: int, num_steps: int,
-                 envs_per_fragment: int, workers: Callable[[], int] | None = None) -> None:
-        if num_envs % envs_per_fragment:
-            raise SourceError(f"{mode}: num_envs={num_envs} is not a multiple of envs_per_fragment="
-                              f"{envs_per_fragment}; make the learner's num_envs a multiple of the envs per host")
+                 envs_per_fragment: int, fragment_steps: int | None = None,
+                 workers: Callable[[], int] | None = None) -> None:
+        fragment_steps = fragment_steps or num_steps
+        if fragment_steps % num_steps:
+            raise SourceError(f"{mode}: fragments of {fragment_steps} steps cannot be cut into updates of "
+                              f"num_steps={num_steps}; make the fragment length a multiple of num_steps")
+        columns = envs_per_fragment * (fragment_steps // num_steps)
+        if num_envs % columns:
+            raise SourceError(f"{mode}: num_envs={num_envs} is not a multiple of the {columns} env columns one "
+                              f"fragment of [{fragment_steps}, {envs_per_fragment}] gives; adjust num_envs or the "
+                              "fragment shape")
         self.mode = mode
         self._make_producer = make_producer
         self._bundle_for = bundle_for
@@ -137,6 +148,8 @@ class FragmentFeed:
         self._num_envs = num_envs
         self._num_steps = num_steps
         self._per_fragment = envs_per_fragment
+        self._fragment_steps = fragment_steps
+        self._wanted = num_envs // columns
         self._workers = workers
         self._producer: FragmentProducer | None = None
         self._policy_version: int | None = None
@@ -155,8 +168,6 @@ class FragmentFeed:
 
     def collect(self, *, policy_version: int, global_step: int) -> tuple[list[RolloutBatch], list[Any]]:
         """Publish the current policy if it changed, then gather exactly one update's fragments."""
-        import torch
-
         from cloud._ppo import Episode
 
         if self._producer is None:
@@ -164,36 +175,42 @@ class FragmentFeed:
         if self._policy_version != policy_version:
             self._bundle_version = self._producer.set_policy(self._bundle_for(policy_version))
             self._policy_version = policy_version
-        wanted = self._num_envs // self._per_fragment
         parts: list[RolloutBatch] = []
         episodes: list[Any] = []
         step = global_step
-        for fragment in self._producer.fragments(wanted):
-            if fragment.num_steps != self._num_steps or fragment.num_envs != self._per_fragment:
-                raise SourceError(f"{self.mode}: a fragment of shape [T={fragment.num_steps}, N={fragment.num_envs}] "
-                                  f"does not fit updates of [T={self._num_steps}, N={self._per_fragment}] per host")
-            acted = np.unique(fragment.policy_version)
+        for whole in self._producer.fragments(self._wanted):
+            if whole.num_steps != self._fragment_steps or whole.num_envs != self._per_fragment:
+                raise SourceError(f"{self.mode}: a fragment of shape [T={whole.num_steps}, N={whole.num_envs}] "
+                                  f"is not the configured [T={self._fragment_steps}, N={self._per_fragment}]")
+            acted = np.unique(whole.policy_version)
             if acted.tolist() != [self._bundle_version]:
                 raise SourceError(f"{self.mode}: a fragment was acted by versions {acted.tolist()}, not the current "
                                   f"bundle version {self._bundle_version}; the feed issues no work ahead of an update")
-            obs_shape = fragment.obs.shape[2:]
-            t, n = fragment.num_steps, fragment.num_envs
-            with torch.inference_mode():
-                b_obs = torch.from_numpy(self._normalizer(fragment.obs.reshape(t * n, *obs_shape)))
-                actions = np.ascontiguousarray(fragment.actions).reshape(t * n, *fragment.actions.shape[2:])
-                b_act = torch.from_numpy(actions)
-                logprobs, _ = self._agent.evaluate_actions(b_obs, b_act)
-                values = self._agent.get_value(b_obs)
-            parts.append(RolloutBatch(
-                source=fragment.source, obs=fragment.obs, actions=fragment.actions, rewards=fragment.rewards,
-                terminations=fragment.terminations, truncations=fragment.truncations, final_obs=fragment.final_obs,
-                next_obs=fragment.next_obs, policy_version=np.full((t, n), policy_version, dtype=np.int64),
-                worker=fragment.worker, seq=fragment.seq, logprobs=logprobs.numpy().reshape(t, n),
-                values=values.numpy().reshape(t, n)))
-            episodes += self._episodes(fragment, step, Episode)
-            step += fragment.size
+            episodes += self._episodes(whole, step, Episode)
+            step += whole.size
+            for fragment in _cut(whole, self._num_steps):
+                parts.append(self._evaluated(fragment, policy_version))
         self._produced += sum(p.size for p in parts)
         return parts, episodes
+
+    def _evaluated(self, fragment: RolloutBatch, policy_version: int) -> RolloutBatch:
+        """`fragment` with the learner's log-probs and values, stamped with the learner's version."""
+        import torch
+
+        obs_shape = fragment.obs.shape[2:]
+        t, n = fragment.num_steps, fragment.num_envs
+        with torch.inference_mode():
+            b_obs = torch.from_numpy(self._normalizer(fragment.obs.reshape(t * n, *obs_shape)))
+            actions = np.ascontiguousarray(fragment.actions).reshape(t * n, *fragment.actions.shape[2:])
+            b_act = torch.from_numpy(actions)
+            logprobs, _ = self._agent.evaluate_actions(b_obs, b_act)
+            values = self._agent.get_value(b_obs)
+        return RolloutBatch(
+            source=fragment.source, obs=fragment.obs, actions=fragment.actions, rewards=fragment.rewards,
+            terminations=fragment.terminations, truncations=fragment.truncations, final_obs=fragment.final_obs,
+            next_obs=fragment.next_obs, policy_version=np.full((t, n), policy_version, dtype=np.int64),
+            worker=fragment.worker, seq=fragment.seq, logprobs=logprobs.numpy().reshape(t, n),
+            values=values.numpy().reshape(t, n))
 
     def _episodes(self, fragment: RolloutBatch, step: int, episode: Any) -> list[Any]:
         ended = []
@@ -221,3 +238,20 @@ class FragmentFeed:
         if self._producer is not None:
             self._producer.close()
             self._producer = None
+
+
+def _cut(batch: RolloutBatch, steps: int) -> list[RolloutBatch]:
+    """Split `batch` along time into pieces of `steps`; each piece bootstraps from the next one's first obs."""
+    if batch.num_steps == steps:
+        return [batch]
+    pieces = []
+    for start in range(0, batch.num_steps, steps):
+        end = start + steps
+        window = slice(start, end)
+        next_obs = batch.obs[end] if end < batch.num_steps else batch.next_obs
+        pieces.append(RolloutBatch(
+            source=batch.source, obs=batch.obs[window], actions=batch.actions[window], rewards=batch.rewards[window],
+            terminations=batch.terminations[window], truncations=batch.truncations[window],
+            final_obs=batch.final_obs[window], next_obs=next_obs, policy_version=batch.policy_version[window],
+            worker=batch.worker, seq=batch.seq[window]))
+    return pieces
