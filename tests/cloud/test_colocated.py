@@ -391,3 +391,12 @@ def test_worker_policy_chooses_actions_in_the_workers() -> None:
             plain.act_step()
     finally:
         plain.close()
+
+
+def test_vector_workers_must_match_the_autoreset_mode() -> None:
+    message = "the vector envs in the workers autoreset with AutoresetMode.NEXT_STEP, but autoreset_mode="
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SharedMemoryVectorEnv.make("CartPole-v1", num_workers=1, envs_per_worker=4, vectorized=True,
+                                   autoreset_mode="SameStep")
+    with pytest.raises(ValueError, match=re.escape("pass exactly one of env_fns")):
+        SharedMemoryVectorEnv()
