@@ -32,6 +32,7 @@ import numpy as np
 from device import Bundle, BundleError, RolloutBatch, TrustStore, load_public_key, require
 from edge._cache import Phase, PolicyCache
 from edge._errors import CacheError, EdgeConfigError, PayloadError
+from edge._gateway import EdgeGateway, GatewayConfig
 from edge._mqtt import LinkConfig, MqttLink
 from edge._outbox import Outbox, OutboxConfig
 from edge._policy import HealthConfig, HealthReport, OnnxPolicy, check_policy
@@ -71,6 +72,9 @@ class EdgeAgentConfig:
     """Gymnasium env id of the local simulator."""
     policy: str | None = None
     """Policy to follow; None follows whichever policy the fleet announces last."""
+    serve_devices: bool = False
+    """Also serve this node's terminal devices (edge._gateway): answer their escalations with the running
+    policy and relay device bundles to them."""
 
     # the broker
     broker: str | None = None
@@ -181,6 +185,8 @@ class EdgeAgent:
         self._sender_wake = threading.Event()
         self._threads: list[threading.Thread] = []
         self.link: MqttLink | None = None
+        self.gateway: EdgeGateway | None = None
+        """The device gateway, when `serve_devices` is set."""
         self._lock = threading.Lock()
         self._last_report: tuple[float | None, float | None, int | None] = (None, None, None)
 
@@ -257,6 +263,14 @@ class EdgeAgent:
             if self._follow is not None:
                 self.link.subscribe(self.topics.policy_latest(self._follow))
             self.link.start()
+            if self.config.serve_devices:
+                self.gateway = EdgeGateway(
+                    GatewayConfig(broker=self.config.broker, fleet=self.config.fleet, node=self.config.node_id,
+                                  state_path=str(Path(self.config.cache_dir) / "device-relay.json"),
+                                  username=self.config.username, password=password, ca_file=self.config.ca_file,
+                                  cert_file=self.config.cert_file, key_file=self.config.key_file),
+                    policy_source=lambda: self.active_policy,
+                    trust=TrustStore([load_public_key(p) for p in self.config.trust])).start(connect_timeout=0.0)
         for target, name in ((self._updater, "updater"), (self._sender, "sender")):
             t = threading.Thread(target=target, name=f"{self.config.node_id}-{name}", daemon=True)
             t.start()
@@ -276,6 +290,8 @@ class EdgeAgent:
         self.stop()
         for t in self._threads:
             t.join(timeout=max(5.0, self.config.health_deadline_s + 1))
+        if self.gateway is not None:
+            self.gateway.close()
         link = self.link
         if link is not None:
             deadline = time.monotonic() + drain_s

@@ -51,6 +51,16 @@ class GatewayConfig:
     """Escalations waiting at once; beyond it requests are answered ``busy``."""
     state_path: str | None = None
     """Anti-rollback state of relayed device bundles (JSON); None keeps it in memory."""
+    username: str | None = None
+    """Broker username."""
+    password: str | None = None
+    """Broker password."""
+    ca_file: str | None = None
+    """CA bundle of the broker's TLS certificate."""
+    cert_file: str | None = None
+    """Client certificate for TLS."""
+    key_file: str | None = None
+    """Private key of the client certificate."""
 
     def __post_init__(self) -> None:
         DeviceTopics(self.fleet, self.node)
@@ -79,8 +89,7 @@ class EdgeGateway:
     Args:
         config: Broker, fleet, node and queue size.
         policy_source: Returns the edge policy to answer with now, or None when the edge has none.
-        trust: Keys that may sign device bundles (for the relay); None disables the relay's verification
-            source, so only `relay` of pre-verified bytes is refused too.
+        trust: Keys that may sign device bundles; None turns the relay off (every bundle is refused).
         clock: Monotonic clock for queue ages.
     """
 
@@ -94,13 +103,19 @@ class EdgeGateway:
         self.counters = GatewayCounters()
         self._clock = clock
         self._queue: queue.Queue[tuple[str, bytes, float] | None] = queue.Queue(maxsize=config.queue_size)
-        self._link = MqttLink(LinkConfig(broker=config.broker, client_id=f"{config.node}-gateway", clean_session=True),
-                              on_message=self._on_message)
+        link_config = LinkConfig(broker=config.broker, client_id=f"{config.node}-gateway", clean_session=True,
+                                 username=config.username, password=config.password, ca_file=config.ca_file,
+                                 cert_file=config.cert_file, key_file=config.key_file)
+        self._link = MqttLink(link_config, on_message=self._on_message)
         self._worker: threading.Thread | None = None
         self.last_refusal: str | None = None
 
     def start(self, *, connect_timeout: float = 10.0) -> EdgeGateway:
-        """Connect, subscribe to the devices' requests and the fleet's device bundle, start the worker."""
+        """Connect, subscribe to the devices' requests and the fleet's device bundle, start the worker.
+
+        Waits up to `connect_timeout` seconds for the first connection (0: not at all; the link keeps
+        reconnecting in the background either way).
+        """
         self._link.subscribe(self.topics.all_requests)
         if self.verifier is not None:
             self._link.subscribe(self.topics.fleet_device_policy)

@@ -233,3 +233,26 @@ def test_box_edge_policy_replies_with_the_action_vector(mosquitto: Mosquitto, ke
         gateway.close()
     assert reply.action is not None and len(reply.action) == 2
     np.testing.assert_allclose(reply.action, policy.act(np.array(obs, np.float32)), atol=1e-6)
+
+
+def test_edge_agent_hosts_the_gateway(mosquitto: Mosquitto, keys: Path, micro: Bundle, tmp_path: Path) -> None:
+    from edge import publish_bundle
+    from tests.edge._agents import agent_config, running_agents, wait_until
+
+    fleet = _fleet()
+    teacher = _bundle(cartpole_teacher_model(), keys, policy="CartPole-v1", version=6, tier="edge")
+    config = agent_config(tmp_path, "edge-host", keys / "strata-signing.pub", mosquitto.url, fleet=fleet,
+                          serve_devices=True)
+    with running_agents([config]) as (agent,):
+        publish_bundle(teacher, broker=mosquitto.url, fleet=fleet)
+        assert agent.wait_for_version(6, timeout=30)
+        assert agent.gateway is not None
+        wait_until(lambda: agent.gateway is not None and agent.gateway.connected, what="gateway link")
+        _publish_fleet_bundle(mosquitto, fleet, micro.to_bytes())
+        device = DeviceConfig(broker=mosquitto.url, fleet=fleet, edge_node="edge-host", device_id="dev-h",
+                              threshold=0.5, budget_ms=500.0)
+        with DeviceRuntime(device, trust=_trust(keys)) as runtime:
+            assert runtime.wait_for_policy(10).manifest.target_tier == "device"
+            d = runtime.controller().decide(np.array([0.0, 0.0, 0.001, 0.0], np.float32))
+    assert (d.tier, d.edge_version) == ("edge", 6)
+    assert (tmp_path / "edge-host" / "device-relay.json").exists()
