@@ -87,9 +87,11 @@ class ServiceProcess:
     """One `strata envs serve` subprocess on loopback; `address` is read from its start-up line."""
 
     def __init__(self, env_id: str, *, envs: int, seed: int = 0, param_server: str = "", policy: str = "",
-                 start_timeout_s: float = 60.0) -> None:
+                 trust: Sequence[str] = (), start_timeout_s: float = 60.0) -> None:
         cmd = [sys.executable, "-m", "cloud.cli", "envs", "serve", "--env", env_id, "--envs", str(envs),
                "--port", "0", "--seed", str(seed)]
+        if trust:
+            cmd += ["--trust", *trust]
         if param_server:
             cmd += ["--param-server", param_server, "--policy", policy]
         # stderr goes to a file, not a pipe: nobody drains a pipe while the service runs, and a full pipe
@@ -125,13 +127,16 @@ class ServiceProcess:
 
 
 def start_services(env_id: str, *, count: int, envs: int, seed: int = 0, param_server: str = "",
-                   policy: str = "") -> list[ServiceProcess]:
-    """Start `count` env-service subprocesses of `envs` envs each (seeds spaced by `envs`)."""
+                   policy: str = "", trust: Sequence[str] = ()) -> list[ServiceProcess]:
+    """Start `count` env-service subprocesses of `envs` envs each (seeds spaced by `envs`).
+
+    `trust` names public-key files the services verify pushed bundles with.
+    """
     started: list[ServiceProcess] = []
     try:
         for i in range(count):
             started.append(ServiceProcess(env_id, envs=envs, seed=seed + i * envs, param_server=param_server,
-                                          policy=policy))
+                                          policy=policy, trust=trust))
     except BaseException:
         for p in started:
             p.stop()

@@ -35,7 +35,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -517,7 +517,8 @@ class ServerlessRolloutSource:
 
 
 def make_serverless_source(functions: Literal["local", "aws"], config: ServerlessConfig, *,
-                           bundle: bytes | None = None) -> ServerlessRolloutSource:
+                           bundle: bytes | None = None, environment: Mapping[str, str] | None = None,
+                           ) -> ServerlessRolloutSource:
     """The serverless source for ``--functions local|aws`` (the one factory `strata train` calls).
 
     ``local`` starts `strata functions serve` in a subprocess (`LocalRuntimeProcess`: its HTTP threads stay
@@ -530,6 +531,8 @@ def make_serverless_source(functions: Literal["local", "aws"], config: Serverles
         functions: ``"local"`` or ``"aws"``.
         config: The source's settings.
         bundle: A signed policy bundle to act with; None acts randomly until `set_policy`.
+        environment: Extra environment of a ``local`` runtime's functions (e.g. ``STRATA_TRUSTED_KEYS``,
+            the public keys the rollout handler verifies bundles with); a deployed function has its own.
     """
     import dataclasses
 
@@ -539,7 +542,7 @@ def make_serverless_source(functions: Literal["local", "aws"], config: Serverles
     if functions == "local":
         config = local_scaling(config)
         if not config.lambda_endpoint_url:
-            runtime = LocalRuntimeProcess(config)
+            runtime = LocalRuntimeProcess(config, environment=environment)
             owned.append(runtime)
             config = dataclasses.replace(config, lambda_endpoint_url=runtime.url)
     source = ServerlessRolloutSource(config)
@@ -556,9 +559,12 @@ class LocalRuntimeProcess:
     Args:
         config: Its function name, timeout, memory and max_concurrency (the function's reserved concurrency).
         start_timeout_s: How long the runtime may take to report its URL.
+        environment: Extra environment variables of the runtime and its functions.
     """
 
-    def __init__(self, config: ServerlessConfig, *, start_timeout_s: float = 30.0) -> None:
+    def __init__(self, config: ServerlessConfig, *, start_timeout_s: float = 30.0,
+                 environment: Mapping[str, str] | None = None) -> None:
+        import os
         import subprocess
         import sys
         import tempfile
@@ -571,7 +577,7 @@ class LocalRuntimeProcess:
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the process; closed in stop)
         self.proc = subprocess.Popen([sys.executable, "-m", "cloud.cli", "functions", "serve", "--port", "0",
                                       "--function", spec], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=self._stderr, text=True)
+                                     stderr=self._stderr, text=True, env={**os.environ, **(environment or {})})
         first: list[str] = []
         stdout = self.proc.stdout
         assert stdout is not None

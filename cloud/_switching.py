@@ -1,0 +1,220 @@
+"""How a training job wires its modes into a `Switcher`, and how the control endpoint reaches it.
+
+Modes a run can use (``--modes``, the first is where it starts):
+
+    sync        envs in the learner process (gymnasium SyncVectorEnv)
+    colocated   the shared-memory env worker pool on this host
+    decoupled   batched gRPC env services (started by the job, or ``--env-services``)
+    fragments   gRPC env services acting with the exported policy, whole fragments back
+    functions   serverless rollout functions acting with the exported policy (local runtime or AWS)
+
+Fragment modes need the current policy as a signed bundle: the job exports it once per version with
+a signing key of its own run dir (``run_dir/keys``), and hands the hosts the public key.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from cloud._control import ControlServer, SwitchRefused
+from cloud._errors import CloudError
+from cloud._sources import FragmentFeed, VectorEnvSource
+from cloud._switcher import RolloutSource, Switcher, SwitchRules
+from device import ConfigError
+
+FRAGMENT_MODES = ("fragments", "functions")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwitchingConfig:
+    """Which modes a training job may run in and how it moves between them."""
+
+    modes: tuple[str, ...] = ()
+    """Modes of the run; the first is the initial one. Empty: just PPOConfig.env_mode."""
+    warm_standby: bool = True
+    """Start every mode at the beginning and keep the idle ones warm, so a switch pauses briefly."""
+    functions: Literal["local", "aws"] = "local"
+    """Where the ``functions`` mode invokes rollout functions: the local runtime or AWS Lambda."""
+    function_name: str = "strata-rollout"
+    """Lambda function of the ``functions`` mode."""
+    fragment_steps: int = 128
+    """Steps one function invocation simulates (a multiple of num_steps; one stream per invocation)."""
+    env_services: str = ""
+    """``HOST:PORT,...`` of running env services for ``decoupled``; empty: the job starts its own."""
+    control: bool = True
+    """Serve the control endpoint (``strata switch``/``status``) on loopback while the job runs."""
+
+
+class PolicyPublisher:
+    """Exports the learner's current policy as a signed bundle, once per version."""
+
+    def __init__(self, run_dir: Path, *, agent: Any, normalizer: Any, obs_space: dict[str, Any],
+                 action_space: dict[str, Any], policy: str) -> None:
+        from device import generate_keypair, load_signing_key
+
+        keys = Path(run_dir) / "keys"
+        key_path, self.public_key = keys / "strata-signing.key", keys / "strata-signing.pub"
+        if not key_path.exists():
+            generate_keypair(keys)
+        self._key = load_signing_key(key_path)
+        self._agent, self._normalizer = agent, normalizer
+        self._obs_space, self._action_space, self._policy = obs_space, action_space, policy
+        self._cache: tuple[int, bytes] | None = None
+
+    def bundle(self, version: int) -> bytes:
+        """The signed bundle of the learner's policy at `version` (bundles count from 1: version + 1)."""
+        if self._cache is not None and self._cache[0] == version:
+            return self._cache[1]
+        from cloud._export import build_policy_graph, export_onnx, output_names
+        from device import build_bundle
+
+        graph = build_policy_graph(self._agent, normalizer_state=self._normalizer.state_dict(),
+                                   action_space=self._action_space)
+        model = export_onnx(graph, obs_shape=tuple(self._obs_space["shape"]), action_space=self._action_space)
+        data = build_bundle(model, policy=self._policy, version=version + 1, parent_version=version or None,
+                            observation_space=self._obs_space, action_space=self._action_space,
+                            signing_key=self._key, output_names=output_names(self._action_space),
+                            producer={"algo": "ppo", "purpose": "acting policy of a fragment source"}).to_bytes()
+        self._cache = (version, data)
+        return data
+
+
+def build_switcher(*, env_id: str, config: Any, switching: SwitchingConfig, rules: SwitchRules, run_dir: Path,
+                   seed: int, agent: Any, normalizer: Any, publisher: PolicyPublisher | None,
+                   log: Callable[[str], None]) -> Switcher:
+    """A `Switcher` over the run's modes; `config` is the run's `PPOConfig`."""
+    from cloud._envs import VECTOR_ENV_MODES, make_vector_env
+
+    modes = switching.modes or (config.env_mode,)
+    unknown = [m for m in modes if m not in VECTOR_ENV_MODES and m not in FRAGMENT_MODES]
+    if unknown:
+        raise ConfigError(f"train: modes {unknown} are not known; choose from "
+                          f"{sorted({*VECTOR_ENV_MODES, *FRAGMENT_MODES})}")
+    if len(set(modes)) != len(modes):
+        raise ConfigError(f"train: --modes {','.join(modes)} names a mode twice")
+    if any(m in FRAGMENT_MODES for m in modes) and publisher is None:
+        raise ConfigError("train: fragment modes need a policy publisher")
+    builders: dict[str, Callable[[], RolloutSource]] = {}
+    for index, mode in enumerate(modes):
+        mode_seed = seed + 1_000_003 * index  # every mode has streams of its own
+        if mode in FRAGMENT_MODES:
+            assert publisher is not None
+            builders[mode] = _fragment_builder(mode, env_id=env_id, config=config, switching=switching,
+                                               seed=mode_seed, agent=agent, normalizer=normalizer,
+                                               publisher=publisher)
+            continue
+
+        def make_envs(mode: str = mode, mode_seed: int = mode_seed) -> Any:
+            if mode == "decoupled" and switching.env_services:
+                from cloud._decoupled import make_decoupled_vector_env
+
+                return make_decoupled_vector_env(env_id, num_envs=config.num_envs, seed=mode_seed,
+                                                 services=switching.env_services)
+            return make_vector_env(env_id, num_envs=config.num_envs, seed=mode_seed, mode=mode)
+
+        def build(mode: str = mode, make_envs: Callable[[], Any] = make_envs) -> RolloutSource:
+            return VectorEnvSource(mode, make_envs, agent=agent, normalizer=normalizer, num_steps=config.num_steps)
+
+        builders[mode] = build
+    return Switcher(builders=builders, initial=modes[0], rules=rules, warm_standby=switching.warm_standby, log=log)
+
+
+def _fragment_builder(mode: str, *, env_id: str, config: Any, switching: SwitchingConfig, seed: int, agent: Any,
+                      normalizer: Any, publisher: PolicyPublisher) -> Callable[[], RolloutSource]:
+    steps = switching.fragment_steps
+    if mode == "functions":
+        # One env stream per invocation, cut into steps / num_steps update columns: an update takes
+        # num_envs / columns invocations, all in flight at once.
+        if steps % config.num_steps or config.num_envs % (steps // config.num_steps):
+            raise ConfigError(f"train: fragment_steps={steps} must be a multiple of num_steps={config.num_steps} "
+                              f"that cuts into a divisor of num_envs={config.num_envs} pieces")
+        invocations = config.num_envs // (steps // config.num_steps)
+
+        def make_producer() -> Any:
+            from cloud._serverless import ServerlessConfig, make_serverless_source
+
+            serverless = ServerlessConfig(function_name=switching.function_name, env_id=env_id,
+                                          envs_per_invocation=1, steps_per_invocation=steps, seed=seed,
+                                          actions="sample", source="functions", max_concurrency=invocations)
+            return make_serverless_source(switching.functions, serverless,
+                                          environment={"STRATA_TRUSTED_KEYS": publisher.public_key.read_text()})
+
+        return lambda: FragmentFeed(mode, make_producer, bundle_for=publisher.bundle, agent=agent,
+                                    normalizer=normalizer, num_envs=config.num_envs, num_steps=config.num_steps,
+                                    envs_per_fragment=1, fragment_steps=steps)
+
+    def make_services() -> Any:
+        from cloud._decoupled import FragmentSource, start_services
+
+        envs_per_service = max(1, config.num_envs // 2)
+        services = start_services(env_id, count=2, envs=envs_per_service, seed=seed,
+                                  trust=[str(publisher.public_key)])
+        source = FragmentSource([s.address for s in services], steps=config.num_steps, inflight=1)
+        close = source.close
+
+        def close_all() -> None:
+            close()
+            for s in services:
+                s.stop()
+
+        source.close = close_all  # type: ignore[method-assign]
+        return source
+
+    return lambda: FragmentFeed(mode, make_services, bundle_for=publisher.bundle, agent=agent,
+                                normalizer=normalizer, num_envs=config.num_envs, num_steps=config.num_steps,
+                                envs_per_fragment=max(1, config.num_envs // 2))
+
+
+class JobControl:
+    """The training job's side of the control endpoint: a status snapshot and blocking switches."""
+
+    def __init__(self, switcher: Switcher, *, env_id: str, run_dir: Path, switch_timeout_s: float = 300.0) -> None:
+        self.switcher = switcher
+        self._lock = threading.Lock()
+        self._status: dict[str, Any] = {"env_id": env_id, "run_dir": str(run_dir), "mode": switcher.mode,
+                                        "modes": switcher.modes, "state": "starting"}
+        self._timeout = switch_timeout_s
+        self._server: ControlServer | None = None
+        self._run_dir = run_dir
+
+    def start(self) -> JobControl:
+        """Serve the endpoint in the background."""
+        self._server = ControlServer(self._run_dir, self).start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving."""
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def update(self, **values: Any) -> None:
+        """Merge fresh figures into the status snapshot (called by the learner after every update)."""
+        with self._lock:
+            self._status.update(values)
+            self._status["mode"] = self.switcher.mode
+            self._status["workers"] = self.switcher.active.workers()
+            last = self.switcher.history[-1] if self.switcher.history else None
+            self._status["last_switch"] = last.to_dict() if last else None
+            self._status["switches"] = len(self.switcher.history)
+
+    def status(self) -> dict[str, Any]:
+        """The status snapshot."""
+        with self._lock:
+            return dict(self._status)
+
+    def switch(self, to: str, *, reason: str) -> dict[str, Any]:
+        """Request a switch and wait until the learner has carried it out."""
+        future = self.switcher.request(to, reason=reason)
+        try:
+            event = future.result(timeout=self._timeout)
+        except TimeoutError:
+            raise CloudError(f"the switch to {to!r} did not complete within {self._timeout:g} s") from None
+        except SwitchRefused:
+            raise
+        return event.to_dict()
+
