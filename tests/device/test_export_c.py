@@ -78,3 +78,21 @@ def test_unsupported_operator_is_refused_by_name() -> None:
     model = mlp_policy(hidden=(16,), activation="elu")
     with pytest.raises(UnsupportedOperatorError, match=re.escape("strata device export-c: operator 'Elu'")):
         generate_c(model)
+
+
+def test_strata_device_export_c_refuses_an_unsupported_graph(tmp_path: Path) -> None:
+    from device import build_bundle, generate_keypair, load_signing_key
+    from tests._cli import run_strata
+
+    key, _ = generate_keypair(tmp_path / "keys")
+    bundle = build_bundle(mlp_policy(hidden=(16,), activation="elu"), policy="p", version=1, parent_version=None,
+                          observation_space={"type": "Box", "shape": [4], "dtype": "float32", "low": ["-inf"] * 4,
+                                             "high": ["inf"] * 4},
+                          action_space={"type": "Discrete", "n": 2}, signing_key=load_signing_key(key),
+                          output_names=("action", "logits"))
+    path = tmp_path / "p.bundle"
+    path.write_bytes(bundle.to_bytes())
+    proc = run_strata("device", "export-c", "--bundle", str(path), "--out", str(tmp_path / "c"), timeout=60)
+    assert proc.returncode == 2
+    assert "strata device export-c: operator 'Elu'" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "c" / "strata_policy.c").exists()
