@@ -328,9 +328,17 @@ class DeviceRuntime:
     # -------------------------------------------------------------------------------- policy
 
     def offer(self, data: bytes) -> bool:
-        """Verify a device bundle and install it; a refused one is recorded and the running policy stays."""
+        """Verify a device bundle and install it; a refused one is recorded and the running policy stays.
+
+        The bundle already running is accepted again without a reinstall (a retained message re-delivered on
+        reconnect); before any policy is installed, the highest accepted version itself is accepted too, so a
+        restarted device reloads its policy while anything older is still refused.
+        """
+        current = self.bundle
+        if current is not None and bytes(data) == current.to_bytes():
+            return True
         try:
-            bundle = self.verifier.verify(data)
+            bundle = self.verifier.verify(data, allow_current=current is None)
             executor = NumpyExecutor.from_bundle(bundle)
         except (BundleError, ModelError) as exc:
             with self._lock:

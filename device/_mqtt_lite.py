@@ -140,14 +140,18 @@ class MqttLiteClient:
         password: Optional password.
         will: Optional ``(topic, payload, retain)`` the broker publishes at QoS 1 if this client vanishes.
         timeout_s: Connect and acknowledgement timeout.
+        max_packet_bytes: Largest packet accepted from the broker; a larger one is a protocol error (a device
+            has little memory, and a micro policy's bundle is a few KB).
     """
 
     def __init__(self, *, host: str, port: int, client_id: str, keepalive_s: int = 30, clean_session: bool = True,
                  on_message: MessageCallback | None = None, username: str | None = None, password: str | None = None,
-                 will: tuple[str, bytes, bool] | None = None, timeout_s: float = 5.0) -> None:
+                 will: tuple[str, bytes, bool] | None = None, timeout_s: float = 5.0,
+                 max_packet_bytes: int = 1 << 20) -> None:
         if not 0 <= keepalive_s <= 0xFFFF:
             raise MqttLiteError(f"MqttLiteClient: keepalive_s must be in 0..65535, got {keepalive_s}")
         self.host, self.port, self.client_id = host, port, client_id
+        self.max_packet_bytes = max_packet_bytes
         self.keepalive_s, self.clean_session, self.timeout_s = keepalive_s, clean_session, timeout_s
         self.on_message = on_message
         self._username, self._password, self._will = username, password, will
@@ -370,6 +374,9 @@ class MqttLiteClient:
             while not stop.is_set():
                 first = self._recv_exact(sock, 1)[0]
                 length = decode_remaining_length(lambda: self._recv_exact(sock, 1)[0])
+                if length > self.max_packet_bytes:
+                    raise MqttProtocolError(f"mqtt-lite: packet type {first >> 4} of {length} bytes exceeds "
+                                            f"max_packet_bytes={self.max_packet_bytes}")
                 body = self._recv_exact(sock, length) if length else b""
                 self._last_received = time.monotonic()
                 self._dispatch(first >> 4, first & 0x0F, body)

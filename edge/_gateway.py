@@ -153,7 +153,8 @@ class EdgeGateway:
             self.last_refusal = "the gateway has no trusted keys to verify device bundles with"
             return False
         try:
-            bundle = self.verifier.verify(data)
+            # The current version passes too: after a restart the edge relays it again (devices skip a repeat).
+            bundle = self.verifier.verify(data, allow_current=True)
         except BundleError as exc:
             self.counters.refused_bundles += 1
             self.last_refusal = str(exc)

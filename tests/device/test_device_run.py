@@ -126,12 +126,17 @@ def test_device_verifies_bundles_and_times_out_without_an_edge(model: bytes, tmp
         assert runtime.offer(_device_bundle(model, tmp_path / "keys", version=2))
         assert not runtime.offer(_device_bundle(model, tmp_path / "keys", version=1))  # rollback
         assert runtime.bundle is not None and runtime.bundle.manifest.version == 2
+        assert runtime.offer(runtime.bundle.to_bytes()) and len(runtime.refused) == 3  # a repeat is no refusal
         controller = runtime.controller()
         start = time.perf_counter()
         d = controller.decide(np.array([0.0, 0.1, 0, 0], np.float32))
         took = time.perf_counter() - start
     assert d.tier == "device-fallback" and d.reason == "low-confidence; timeout"
     assert 0.025 <= took < 0.5
+    # A restarted device (same anti-rollback state) reloads the version it ran, and still refuses older ones.
+    with DeviceRuntime(config, trust=trust) as restarted:
+        assert not restarted.offer(_device_bundle(model, tmp_path / "keys", version=1))
+        assert restarted.offer(_device_bundle(model, tmp_path / "keys", version=2))
 
 
 def test_device_reconnects_after_a_broker_restart_and_escalates_again(model: bytes, tmp_path: Path,

@@ -144,6 +144,7 @@ class FakeBroker:
     (b"\x30\x05\x00\xc8abc", "topic length 200 runs past the packet"),
     (b"\x10\x00", "unexpected packet type 1"),
     (b"\x40\x03\x00\x01\x00", "malformed packet type 4: 3-byte body"),
+    (b"\x30" + encode_remaining_length(2 << 20), "packet type 3 of 2097152 bytes exceeds max_packet_bytes=1048576"),
 ])
 def test_malformed_packet_closes_the_connection_with_a_reason(garbage: bytes, reason: str) -> None:
     fake = FakeBroker(garbage)
