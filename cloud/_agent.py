@@ -64,6 +64,14 @@ class Agent(nn.Module):
             return (out + gumbel).argmax(dim=-1)
         return out + self.actor_logstd.exp() * torch.randn_like(out)
 
+    def greedy_action(self, x: torch.Tensor) -> torch.Tensor:
+        """The deterministic action the exported graph computes: argmax of the logits, or the Gaussian mean.
+
+        (Box means are clipped to the action bounds by the caller -- the env wrapper or the exported graph.)
+        """
+        out: torch.Tensor = self.actor(x)
+        return out.argmax(dim=-1) if self.discrete else out
+
     def evaluate_actions(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(log_prob, entropy)`` of `action` under the policy at `x`, each ``[batch]``."""
         out: torch.Tensor = self.actor(x)

@@ -45,6 +45,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        "flags below override them)")
     train.add_argument("--target-return", type=float, default=None, metavar="R",
                        help="stop early once the mean return of the last 20 episodes reaches R")
+    train.add_argument("--confirm-episodes", type=int, default=20, metavar="N",
+                       help="with --target-return, stop only once the deterministic policy also averages R over N "
+                       "fresh episodes (0: trust the training episodes alone; default: %(default)s)")
     train.add_argument("--checkpoint-every", type=int, default=100, metavar="UPDATES",
                        help="also checkpoint every this many updates (default: %(default)s); the last always is")
     add_config_arguments(train.add_argument_group("PPO hyperparameters (PPOConfig)"), PPOConfig)
@@ -100,6 +103,7 @@ def _train(args: argparse.Namespace) -> int:
         config = PPOConfig(**given)
     result = train(env_id=args.env, total_steps=args.total_steps, run_dir=args.run_dir, seed=args.seed,
                    config=config, resume=args.resume, target_return=args.target_return,
+                   confirm_episodes=args.confirm_episodes,
                    checkpoint_every=args.checkpoint_every)
     solved = ("" if result.solved_at_step is None
               else f", reached {args.target_return} at step {result.solved_at_step:,}")

@@ -1,10 +1,11 @@
 """`strata demo`: runs what strata has, end to end, on embedded defaults, and writes a report folder.
 
-Stages (v1): train PPO on CartPole-v1 until the 20-episode mean return reaches 475 or the step
-budget runs out -> export the newest policy as a signed bundle for the device tier -> verify it as
-a consumer would (trust store, signature, digest, tier, version) -> run 20 evaluation episodes with
-the numpy-only `device.NumpyExecutor` -> print a summary table, and write ``summary.json``,
-``learning_curve.png``, ``policy.bundle``, the key pair and the run dir into the report folder.
+Stages (v1): train PPO on CartPole-v1 until the 20-episode mean return reaches 475 and the
+deterministic policy confirms it on 20 fresh episodes, or the step budget runs out -> export the
+newest policy as a signed bundle for the device tier -> verify it as a consumer would (trust store,
+signature, digest, tier, version) -> run 20 evaluation episodes with the numpy-only
+`device.NumpyExecutor` -> print a summary table, and write ``summary.json``, ``learning_curve.png``,
+``policy.bundle``, the key pair and the run dir into the report folder.
 """
 
 from __future__ import annotations
@@ -67,10 +68,10 @@ def run_demo(config: DemoConfig) -> int:
     run_dir = out / "run"
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    print(f"strata demo: training PPO on {ENV_ID} (budget {config.total_steps:,} env steps, "
-          f"stop at a 20-episode mean of {SOLVED_RETURN:g})")
+    print(f"strata demo: training PPO on {ENV_ID} (budget {config.total_steps:,} env steps; stop once the last 20 "
+          f"episodes and the deterministic policy both average {SOLVED_RETURN:g})")
     result = train(env_id=ENV_ID, total_steps=config.total_steps, run_dir=run_dir, seed=config.seed,
-                   target_return=SOLVED_RETURN)
+                   target_return=SOLVED_RETURN, confirm_episodes=EVAL_EPISODES)
 
     # 2. Export and sign for the device tier, 3. verify as a device would.
     key_dir = out / "keys"
@@ -106,6 +107,7 @@ def run_demo(config: DemoConfig) -> int:
         "train_seconds": round(result.wall_s, 2),
         "env_steps_per_s": round(result.global_step / max(result.wall_s, 1e-9)),
         "train_mean_return_20": result.mean_return, "solved_at_step": result.solved_at_step,
+        "greedy_return_during_training": result.greedy_return,
         "bundle": str(bundle_path), "bundle_bytes": bundle_path.stat().st_size, "key_id": bundle.key_id,
         "policy": bundle.manifest.policy, "bundle_version": bundle.manifest.version,
         "max_abs_diff_torch_vs_onnxruntime": exported.max_abs_diff,

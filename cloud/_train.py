@@ -28,6 +28,9 @@ from device import ConfigError, require, space_to_json
 RETURN_WINDOW = 20
 """Episodes in the moving mean that decides "solved" (CartPole-v1's 475 threshold is over such a mean)."""
 
+CONFIRM_EVERY = 5
+"""Updates between two confirmation evaluations of the deterministic policy (see `train`)."""
+
 
 @dataclass(frozen=True)
 class TrainResult:
@@ -50,6 +53,8 @@ class TrainResult:
     """Env step at which the moving mean first reached the target return in this call, else None."""
     solved_at_s: float | None
     """Seconds into this call at which that happened, else None."""
+    greedy_return: float | None = None
+    """Mean return of the deterministic policy in the last confirmation evaluation, if one ran."""
 
 
 def _print(line: str) -> None:
@@ -65,6 +70,7 @@ def train(
     config: PPOConfig | None = None,
     resume: bool = False,
     target_return: float | None = None,
+    confirm_episodes: int = 0,
     checkpoint_every: int = 100,
     progress: bool | None = None,
     log: Callable[[str], None] = _print,
@@ -79,6 +85,10 @@ def train(
         config: Hyperparameters; with `resume`, None means "the checkpoint's".
         resume: Continue from the newest checkpoint in `run_dir` (it must exist).
         target_return: Stop early once the mean of the last 20 training episodes reaches this.
+        confirm_episodes: With `target_return`, stop only when, in addition, the deterministic policy
+            (argmax / clipped mean, what the exporter puts in the graph) averages `target_return`
+            over this many fresh episodes (0: no confirmation). A confirmation runs at most every
+            `CONFIRM_EVERY` updates; its env steps are not counted in the budget.
         checkpoint_every: Also checkpoint every this many updates (the last update always is).
         progress: Show a rich progress bar (None: only when stdout is a terminal; otherwise print
             a progress line every few seconds).
@@ -150,6 +160,8 @@ def train(
         episodes: list[Episode] = []
         solved_at_step: int | None = None
         solved_at_s: float | None = None
+        greedy_return: float | None = None
+        last_confirm = -CONFIRM_EVERY
         started = time.perf_counter()
         start_step = global_step
         display = _Progress(total_steps, start_step, enabled=sys.stdout.isatty() if progress is None else progress,
@@ -180,8 +192,17 @@ def train(
                 values["perf/env_steps_per_s"] = (global_step - start_step) / max(elapsed, 1e-9)
                 metrics.log(global_step=global_step, policy_version=version, values=values)
                 display.update(global_step, mean_return, values["perf/env_steps_per_s"])
-                if (target_return is not None and len(window) >= RETURN_WINDOW and mean_return >= target_return):
-                    solved_at_step, solved_at_s = global_step, elapsed
+                if target_return is not None and len(window) >= RETURN_WINDOW and mean_return >= target_return:
+                    if confirm_episodes == 0:
+                        solved_at_step, solved_at_s = global_step, elapsed
+                    elif version - last_confirm >= CONFIRM_EVERY:
+                        last_confirm = version
+                        greedy_return = evaluate_greedy(agent, normalizer, env_id, episodes=confirm_episodes,
+                                                        seed=seed + 1_000_003 + version, mode=config.env_mode)
+                        metrics.log(global_step=global_step, policy_version=version,
+                                    values={"charts/greedy_return": greedy_return})
+                        if greedy_return >= target_return:
+                            solved_at_step, solved_at_s = global_step, time.perf_counter() - started
                 if version % checkpoint_every == 0:
                     last_path = checkpoint()
             if last_path is None or int(last_path.stem) != version:
@@ -192,7 +213,32 @@ def train(
     return TrainResult(run_dir=run_dir, env_id=env_id, policy_version=version, global_step=global_step,
                        wall_s=time.perf_counter() - started, checkpoint=last_path, episodes=episodes,
                        mean_return=float(np.mean(window)) if window else float("nan"),
-                       solved_at_step=solved_at_step, solved_at_s=solved_at_s)
+                       solved_at_step=solved_at_step, solved_at_s=solved_at_s, greedy_return=greedy_return)
+
+
+def evaluate_greedy(agent: Any, normalizer: Any, env_id: str, *, episodes: int, seed: int, mode: str = "sync") -> float:
+    """Mean return of `agent`'s deterministic policy over `episodes` episodes, one per env of a vector env."""
+    import torch
+
+    gym = require("gymnasium", extra="cloud", purpose="evaluation environments")
+    envs = make_vector_env(env_id, num_envs=episodes, seed=seed, mode=mode)
+    space = envs.single_action_space
+    bounds = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
+    try:
+        obs, _ = envs.reset(seed=seed)
+        returns = np.zeros(episodes)
+        running = np.ones(episodes, dtype=bool)
+        while running.any():
+            with torch.inference_mode():
+                action = agent.greedy_action(torch.from_numpy(normalizer(obs))).numpy()
+            if bounds is not None:
+                action = np.clip(action, *bounds)
+            obs, reward, terminated, truncated, _ = envs.step(action)
+            returns += np.where(running, reward, 0.0)
+            running &= ~np.logical_or(terminated, truncated)
+    finally:
+        envs.close()
+    return float(returns.mean())
 
 
 class _Progress:

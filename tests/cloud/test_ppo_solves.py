@@ -40,7 +40,7 @@ def evaluate(bundle_model: bytes, env_id: str, *, episodes: int = 20, seed: int 
 
 def solve_cartpole(seed: int, run_dir: Path) -> tuple[int, float]:
     result = train(env_id="CartPole-v1", total_steps=150_000, run_dir=run_dir, seed=seed, target_return=475,
-                   progress=False, log=lambda _: None)
+                   confirm_episodes=20, progress=False, log=lambda _: None)
     bundle = export_run(run_dir, signing_key=SigningKey.generate(), target_tier="device").bundle
     return result.global_step, evaluate(bundle.model, "CartPole-v1")
 
