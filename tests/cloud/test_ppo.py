@@ -231,3 +231,22 @@ def test_check_spaces_names_the_space(obs_space: gym.Space, action_space: gym.Sp
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_spaces("X", obs_space, action_space)
+
+
+def test_target_return_with_and_without_confirmation(tmp_path: Path) -> None:
+    config = PPOConfig(num_envs=4, num_steps=64, update_epochs=1, hidden_sizes=(8,))
+    # Any 20 finished episodes reach a target of 0; without confirmation that stops the run.
+    plain = train(env_id="CartPole-v1", total_steps=100_000, run_dir=tmp_path / "plain", config=config,
+                  target_return=0.0, progress=False)
+    assert plain.solved_at_step is not None and plain.global_step < 2000 and plain.greedy_return is None
+    # With confirmation, the deterministic policy is evaluated on fresh episodes before the run stops.
+    confirmed = train(env_id="CartPole-v1", total_steps=2560, run_dir=tmp_path / "confirmed", config=config,
+                      target_return=0.0, confirm_episodes=3, progress=False)
+    assert confirmed.solved_at_step is not None and confirmed.greedy_return is not None
+    assert confirmed.greedy_return > 0
+    greedy = [r for r in read_metrics(tmp_path / "confirmed") if "charts/greedy_return" in r]
+    assert len(greedy) == 1 and greedy[0]["charts/greedy_return"] == confirmed.greedy_return
+    # A target the training episodes never reach: the run goes on to its budget.
+    failing = train(env_id="CartPole-v1", total_steps=2560, run_dir=tmp_path / "failing", config=config,
+                    target_return=10_000.0, confirm_episodes=3, progress=False)
+    assert failing.solved_at_step is None and failing.global_step == 2560
