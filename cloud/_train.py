@@ -105,6 +105,9 @@ def train(
     run_dir = Path(run_dir)
     if total_steps < 1:
         raise ConfigError(f"train: total_steps must be >= 1, got {total_steps}")
+    if checkpoint_every < 1 or confirm_episodes < 0:
+        raise ConfigError(f"train: checkpoint_every must be >= 1 and confirm_episodes >= 0, got {checkpoint_every} "
+                          f"and {confirm_episodes}")
     state: dict[str, Any] | None = None
     if resume:
         path = latest_checkpoint(run_dir)
@@ -198,7 +201,7 @@ def train(
                     elif version - last_confirm >= CONFIRM_EVERY:
                         last_confirm = version
                         greedy_return = evaluate_greedy(agent, normalizer, env_id, episodes=confirm_episodes,
-                                                        seed=seed + 1_000_003 + version, mode=config.env_mode)
+                                                        seed=seed + 1_000_003 + version)
                         metrics.log(global_step=global_step, policy_version=version,
                                     values={"charts/greedy_return": greedy_return})
                         if greedy_return >= target_return:
@@ -217,7 +220,11 @@ def train(
 
 
 def evaluate_greedy(agent: Any, normalizer: Any, env_id: str, *, episodes: int, seed: int, mode: str = "sync") -> float:
-    """Mean return of `agent`'s deterministic policy over `episodes` episodes, one per env of a vector env."""
+    """Mean return of `agent`'s deterministic policy over `episodes` episodes, one per env of a vector env.
+
+    Runs in-process (``mode="sync"`` by default) whatever source feeds the learner: a confirmation
+    is a short check, not worth starting workers for.
+    """
     import torch
 
     gym = require("gymnasium", extra="cloud", purpose="evaluation environments")
