@@ -10,7 +10,8 @@ updates it calls `Switcher.at_boundary`, where a switch happens:
            one update needs), so no transition is left behind; its open episodes end here, and the
            learner's GAE already bootstraps them from ``V(next_obs)``, exactly as a time limit would
         2. start: the new source (kept warm when ``warm_standby``) is reset on the current policy
-           version: fresh episodes, fresh transition streams ``{mode}:{incarnation}``
+           version ``v``: fresh episodes, fresh transition streams ``{mode}:{v}`` (a run switches at
+           most once per update, so the name is unique, also across a resumed run)
     SWITCHING ──> RUNNING(b), the pause and the reason recorded in `SwitchEvent`
 
 Manual requests (`strata switch`) and automatic rules (`SwitchRules`) go through the same path.
@@ -170,12 +171,13 @@ class Switcher:
             ``rules.probe``); None disables probing.
         env_profile: ``{"steps_per_s": ..., "bytes": ...}`` of one env, for the design thresholds.
         log: Where the reason of every switch is logged.
+        first_version: The learner's policy version at start (names the first source's streams).
     """
 
     def __init__(self, *, builders: Mapping[str, Callable[[], RolloutSource]], initial: str,
                  rules: SwitchRules | None = None, warm_standby: bool = True,
                  probe: Callable[[str], float] | None = None, env_profile: Mapping[str, float] | None = None,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, first_version: int = 0) -> None:
         if initial not in builders:
             raise ConfigError(f"Switcher: initial mode {initial!r} is not one of {sorted(builders)}")
         self.rules = rules or SwitchRules()
@@ -185,7 +187,6 @@ class Switcher:
                                   "add it or change --phase-to")
         self._builders = dict(builders)
         self._sources: dict[str, RolloutSource] = {}
-        self._incarnation = 0
         self._probe = probe
         self._profile = dict(env_profile or {})
         self._log = log
@@ -198,7 +199,7 @@ class Switcher:
         self.history: list[SwitchEvent] = []
         self.accounting = Accounting()
         self._last_switch_update: int | None = None
-        self._source(initial).restart(incarnation=self._incarnation)
+        self._source(initial).restart(incarnation=first_version)
         if warm_standby:
             for name in self._builders:
                 self._source(name)
@@ -329,9 +330,8 @@ class Switcher:
     def _switch(self, to: str, reason: str, trigger: str, *, step: int, version: int) -> SwitchEvent:
         started = time.perf_counter()
         previous = self.mode
-        self._incarnation += 1
         try:
-            self._source(to).restart(incarnation=self._incarnation)
+            self._source(to).restart(incarnation=version)
         except Exception as exc:
             raise SwitchError(f"switch {previous} -> {to} failed while starting {to}: {exc}; "
                               f"the run stays in {previous}") from exc

@@ -85,8 +85,8 @@ class PolicyPublisher:
 
 def build_switcher(*, env_id: str, config: Any, switching: SwitchingConfig, rules: SwitchRules, run_dir: Path,
                    seed: int, agent: Any, normalizer: Any, publisher: PolicyPublisher | None,
-                   log: Callable[[str], None]) -> Switcher:
-    """A `Switcher` over the run's modes; `config` is the run's `PPOConfig`."""
+                   log: Callable[[str], None], first_version: int = 0) -> Switcher:
+    """A `Switcher` over the run's modes; `config` is the run's `PPOConfig`, `first_version` its current version."""
     from cloud._envs import VECTOR_ENV_MODES, make_vector_env
 
     modes = switching.modes or (config.env_mode,)
@@ -120,7 +120,8 @@ def build_switcher(*, env_id: str, config: Any, switching: SwitchingConfig, rule
             return VectorEnvSource(mode, make_envs, agent=agent, normalizer=normalizer, num_steps=config.num_steps)
 
         builders[mode] = build
-    return Switcher(builders=builders, initial=modes[0], rules=rules, warm_standby=switching.warm_standby, log=log)
+    return Switcher(builders=builders, initial=modes[0], rules=rules, warm_standby=switching.warm_standby, log=log,
+                    first_version=first_version)
 
 
 def _fragment_builder(mode: str, *, env_id: str, config: Any, switching: SwitchingConfig, seed: int, agent: Any,

@@ -5,11 +5,17 @@ The run dir holds ``checkpoints/{version:09d}.pt`` (see `cloud._checkpoint`) and
 loads the newest checkpoint and continues the same lineage (version, env-step count, optimiser,
 normaliser and recent returns). Env state cannot be checkpointed: a resumed run starts fresh
 episodes, seeded from the seed and the version so it does not replay the first run's streams.
+
+Experience comes from a `cloud._switcher.Switcher` over the run's modes (`cloud._switching`): one
+mode (``PPOConfig.env_mode``) by default, or several between which the run switches live, by rule
+or by `strata switch`. Completed switches are appended to ``switches.jsonl``; while the run is
+going, its control endpoint is advertised in ``control.json`` (see `cloud._control`).
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -20,9 +26,12 @@ from typing import Any
 import numpy as np
 
 from cloud._checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from cloud._envs import make_vector_env
+from cloud._control import SWITCHES_FILE
+from cloud._envs import check_spaces, make_vector_env
 from cloud._metrics import MetricsWriter
-from cloud._ppo import Episode, PPOConfig, RolloutCollector, ppo_update
+from cloud._ppo import Episode, PPOConfig, ppo_update
+from cloud._switcher import SwitchEvent, SwitchRules
+from cloud._switching import FRAGMENT_MODES, JobControl, PolicyPublisher, SwitchingConfig, build_switcher
 from device import ConfigError, require, space_to_json
 
 RETURN_WINDOW = 20
@@ -55,6 +64,10 @@ class TrainResult:
     """Seconds into this call at which that happened, else None."""
     greedy_return: float | None = None
     """Mean return of the deterministic policy in the last confirmation evaluation, if one ran."""
+    switches: tuple[SwitchEvent, ...] = ()
+    """Switches between modes during this call."""
+    accounting: dict[str, int] | None = None
+    """Transitions ``produced`` by the sources and ``consumed``, ``duplicates`` and ``gaps`` seen by the learner."""
 
 
 def _print(line: str) -> None:
@@ -74,6 +87,8 @@ def train(
     checkpoint_every: int = 100,
     progress: bool | None = None,
     log: Callable[[str], None] = _print,
+    switching: SwitchingConfig | None = None,
+    rules: SwitchRules | None = None,
 ) -> TrainResult:
     """Train PPO on `env_id` until `total_steps` env steps (over the lineage) or `target_return` is reached.
 
@@ -93,6 +108,8 @@ def train(
         progress: Show a rich progress bar (None: only when stdout is a terminal; otherwise print
             a progress line every few seconds).
         log: Where progress lines and notices go.
+        switching: The modes the run may use (default: only ``config.env_mode``) and the control endpoint.
+        rules: Automatic switching rules (default: none; manual switches only).
 
     Raises:
         ConfigError: Bad arguments, an env with unsupported spaces, a fresh run into a dir that
@@ -130,12 +147,20 @@ def train(
     torch.manual_seed(seed + 7919 * version)
     generator = np.random.default_rng([seed, version])
     env_seed = seed if version == 0 else seed + 104729 * version
-    envs = make_vector_env(env_id, num_envs=config.num_envs, seed=env_seed, mode=config.env_mode)
+    switching = switching or SwitchingConfig(control=False)
+    if env_id not in gym.registry:
+        raise ConfigError(f"train: {env_id!r} is not a registered gymnasium env id; "
+                          f"list them with `python -c 'import gymnasium; gymnasium.pprint_registry()'`")
+    probe = gym.make(env_id)
+    obs_space, action_space = probe.observation_space, probe.action_space
+    probe.close()
+    check_spaces(env_id, obs_space, action_space)
+    switcher = None
+    control: JobControl | None = None
     try:
-        obs_space, action_space = envs.single_observation_space, envs.single_action_space
-        assert isinstance(obs_space, gym.spaces.Box)  # make_vector_env checked the spaces
+        assert isinstance(obs_space, gym.spaces.Box)  # check_spaces checked the spaces
         discrete = isinstance(action_space, gym.spaces.Discrete)
-        action_dim = int(action_space.n) if discrete else int(np.prod(action_space.shape or ()))  # type: ignore[attr-defined]
+        action_dim = int(action_space.n) if discrete else int(np.prod(action_space.shape or ()))
         agent = Agent(obs_dim=int(np.prod(obs_space.shape)), action_dim=action_dim,
                       discrete=discrete, hidden_sizes=config.hidden_sizes, init_log_std=config.init_log_std)
         # fused: one kernel for all parameters; on these tiny nets it cuts ~25% of the CPU time of a gradient step.
@@ -147,9 +172,21 @@ def train(
             optimizer.load_state_dict(state["optimizer"])
             normalizer.load_state_dict(state["normalizer"])
             recent.extend(float(r) for r in state["recent_returns"])
-        collector = RolloutCollector(envs, num_steps=config.num_steps, source=config.env_mode,
-                                     seq_start=global_step // config.num_envs)
         spaces = {"observation_space": space_to_json(obs_space), "action_space": space_to_json(action_space)}
+        publisher = None
+        if any(m in FRAGMENT_MODES for m in switching.modes):
+            publisher = PolicyPublisher(run_dir, agent=agent, normalizer=normalizer,
+                                        obs_space=spaces["observation_space"], action_space=spaces["action_space"],
+                                        policy=env_id.split("-")[0].lower())
+        switcher = build_switcher(env_id=env_id, config=config, switching=switching, rules=rules or SwitchRules(),
+                                  run_dir=run_dir, seed=env_seed, agent=agent, normalizer=normalizer,
+                                  publisher=publisher, log=log, first_version=version)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _append_jsonl(run_dir / SWITCHES_FILE, {"from_mode": None, "to_mode": switcher.mode, "reason": "initial mode",
+                                                "trigger": "start", "at_step": global_step, "at_version": version,
+                                                "pause_s": 0.0})
+        if switching.control:
+            control = JobControl(switcher, env_id=env_id, run_dir=run_dir).start()
 
         def checkpoint() -> Path:
             return save_checkpoint(run_dir, {
@@ -175,8 +212,7 @@ def train(
                 if config.anneal_lr:
                     frac = max(0.0, 1.0 - version / num_updates)
                     optimizer.param_groups[0]["lr"] = frac * config.learning_rate
-                batch, new_episodes = collector.collect(agent, normalizer, policy_version=version,
-                                                        global_step=global_step)
+                batch, new_episodes = switcher.collect(policy_version=version, global_step=global_step)
                 global_step += batch.size
                 values = ppo_update(agent, optimizer, normalizer, batch, config, generator=generator)
                 version += 1
@@ -193,8 +229,17 @@ def train(
                 values["charts/mean_return_20"] = mean_return
                 values["charts/learning_rate"] = float(optimizer.param_groups[0]["lr"])
                 values["perf/env_steps_per_s"] = (global_step - start_step) / max(elapsed, 1e-9)
+                event = switcher.at_boundary(step=global_step, version=version, update=version,
+                                             mean_return=mean_return)
+                if event is not None:
+                    values["switch/pause_s"] = event.pause_s
+                    _append_jsonl(run_dir / SWITCHES_FILE, event.to_dict())
                 metrics.log(global_step=global_step, policy_version=version, values=values)
                 display.update(global_step, mean_return, values["perf/env_steps_per_s"])
+                if control is not None:
+                    control.update(state="training", step=global_step, policy_version=version,
+                                   mean_return=None if np.isnan(mean_return) else mean_return,
+                                   env_steps_per_s=values["perf/env_steps_per_s"])
                 if target_return is not None and len(window) >= RETURN_WINDOW and mean_return >= target_return:
                     if confirm_episodes == 0:
                         solved_at_step, solved_at_s = global_step, elapsed
@@ -210,13 +255,24 @@ def train(
                     last_path = checkpoint()
             if last_path is None or int(last_path.stem) != version:
                 last_path = checkpoint()
+        accounting = {"produced": switcher.produced(), **switcher.accounting.check()}
+        switches = tuple(switcher.history)
     finally:
-        envs.close()
+        if control is not None:
+            control.stop()
+        if switcher is not None:
+            switcher.close()
     window = list(recent)[-RETURN_WINDOW:]
     return TrainResult(run_dir=run_dir, env_id=env_id, policy_version=version, global_step=global_step,
                        wall_s=time.perf_counter() - started, checkpoint=last_path, episodes=episodes,
                        mean_return=float(np.mean(window)) if window else float("nan"),
-                       solved_at_step=solved_at_step, solved_at_s=solved_at_s, greedy_return=greedy_return)
+                       solved_at_step=solved_at_step, solved_at_s=solved_at_s, greedy_return=greedy_return,
+                       switches=switches, accounting=accounting)
+
+
+def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 def evaluate_greedy(agent: Any, normalizer: Any, env_id: str, *, episodes: int, seed: int, mode: str = "sync") -> float:
