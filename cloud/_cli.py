@@ -1,4 +1,4 @@
-"""Cloud-tier commands: train, export, demo (and, as they land, switch, status, runs, publish).
+"""Cloud-tier commands: demo, train, export, and switch / status / runs for running jobs.
 
 Nothing heavy is imported here: each command imports torch, gymnasium or onnx when it runs.
 """
@@ -11,7 +11,12 @@ from pathlib import Path
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the cloud tier's commands to the root parser."""
+    import dataclasses
+
     from cloud._ppo import PPOConfig
+    from cloud._sac import SACConfig
+    from cloud._switcher import SwitchRules
+    from cloud._switching import SwitchingConfig
     from device import add_config_arguments
 
     demo = sub.add_parser(
@@ -35,7 +40,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "RUN_DIR/metrics.jsonl; --resume continues the newest checkpoint's version lineage.",
     )
     train.add_argument("--env", required=True, metavar="ID", help="gymnasium env id, e.g. CartPole-v1")
-    train.add_argument("--algo", default="ppo", choices=["ppo"], help="learning algorithm (default: %(default)s)")
+    train.add_argument("--algo", default="ppo", choices=["ppo", "sac"],
+                       help="learning algorithm: ppo (Discrete or Box actions) or sac (Box actions; replay; "
+                       "PPO's switching flags do not apply) (default: %(default)s)")
     train.add_argument("--total-steps", type=int, required=True, metavar="N",
                        help="env-step budget of the whole run (a resumed run stops at the same total)")
     train.add_argument("--run-dir", required=True, type=Path, metavar="DIR", help="folder for checkpoints and metrics")
@@ -51,7 +58,38 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     train.add_argument("--checkpoint-every", type=int, default=100, metavar="UPDATES",
                        help="also checkpoint every this many updates (default: %(default)s); the last always is")
     add_config_arguments(train.add_argument_group("PPO hyperparameters (PPOConfig)"), PPOConfig)
+    add_config_arguments(train.add_argument_group("SAC hyperparameters (SACConfig, --algo sac)"), SACConfig,
+                         skip={f.name for f in dataclasses.fields(PPOConfig)})
+    add_config_arguments(train.add_argument_group(
+        "execution modes and live switching (SwitchingConfig): e.g. --modes colocated decoupled functions"),
+        SwitchingConfig)
+    add_config_arguments(train.add_argument_group("automatic switching rules (SwitchRules)"), SwitchRules)
     train.set_defaults(func=_train)
+
+    switch = sub.add_parser(
+        "switch", help="switch a running training job between co-located and decoupled execution",
+        description="Ask the training job in RUN to move to another mode at its next update boundary; "
+        "returns once the switch is complete and prints the pause.")
+    switch.add_argument("run", type=Path, metavar="RUN", help="run dir of a job started with `strata train`")
+    switch.add_argument("--to", required=True, metavar="MODE",
+                        help="target mode, one of the job's --modes (colocated, decoupled, fragments, functions, sync)")
+    switch.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                        help="give up after this many seconds (default: %(default)s)")
+    switch.set_defaults(func=_switch)
+
+    status = sub.add_parser(
+        "status", help="show a running job's mode, step rate, return, policy version and last switch",
+        description="Ask the training job in RUN for its status over its loopback control endpoint.")
+    status.add_argument("run", type=Path, metavar="RUN", help="run dir of a job started with `strata train`")
+    status.add_argument("--json", action="store_true", help="print the raw status as JSON")
+    status.set_defaults(func=_status)
+
+    runs = sub.add_parser("runs", help="list training runs and whether they are running",
+                          description="List the run dirs under ROOT with their state, step, version, return and mode.")
+    runs.add_argument("--root", type=Path, default=Path("runs"), metavar="ROOT",
+                      help="folder holding run dirs (default: %(default)s)")
+    runs.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    runs.set_defaults(func=_runs)
 
     export = sub.add_parser(
         "export",
@@ -92,8 +130,13 @@ def _train(args: argparse.Namespace) -> int:
     from cloud._checkpoint import latest_checkpoint, load_checkpoint
     from cloud._metrics import METRICS_FILE
     from cloud._ppo import PPOConfig
+    from cloud._switcher import SwitchRules
+    from cloud._switching import SwitchingConfig
     from cloud._train import train
+    from device import config_from_args
 
+    if args.algo == "sac":
+        return _train_sac(args)
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(PPOConfig) if getattr(args, f.name) is not None}
     given = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
     newest = latest_checkpoint(args.run_dir) if args.resume else None
@@ -103,13 +146,84 @@ def _train(args: argparse.Namespace) -> int:
         config = PPOConfig(**given)
     result = train(env_id=args.env, total_steps=args.total_steps, run_dir=args.run_dir, seed=args.seed,
                    config=config, resume=args.resume, target_return=args.target_return,
-                   confirm_episodes=args.confirm_episodes,
-                   checkpoint_every=args.checkpoint_every)
+                   confirm_episodes=args.confirm_episodes, checkpoint_every=args.checkpoint_every,
+                   switching=config_from_args(SwitchingConfig, args), rules=config_from_args(SwitchRules, args))
     solved = ("" if result.solved_at_step is None
               else f", reached {args.target_return} at step {result.solved_at_step:,}")
     print(f"strata train: {args.env}: policy version {result.policy_version}, {result.global_step:,} env steps, "
           f"mean return (last 20 episodes) {result.mean_return:.1f}{solved}, {result.wall_s:.1f} s")
+    for event in result.switches:
+        print(f"strata train: switched {event.from_mode} -> {event.to_mode} at step {event.at_step:,} "
+              f"({event.trigger}: {event.reason}); pause {event.pause_s * 1000:.0f} ms")
+    if result.accounting and result.switches:
+        print(f"strata train: transitions produced {result.accounting['produced']:,}, consumed "
+              f"{result.accounting['consumed']:,}, duplicates {result.accounting['duplicates']}, "
+              f"gaps {result.accounting['gaps']}")
     print(f"strata train: checkpoint {result.checkpoint}; metrics {args.run_dir / METRICS_FILE}")
+    return 0
+
+
+def _train_sac(args: argparse.Namespace) -> int:
+    from cloud._sac import SACConfig, train_sac
+    from device import config_from_args
+
+    result = train_sac(config_from_args(SACConfig, args), env_id=args.env, run_dir=args.run_dir, seed=args.seed,
+                       total_steps=args.total_steps)
+    print(f"strata train: {args.env}: SAC, {args.total_steps:,} env steps, exported policy's mean evaluation "
+          f"return {result.mean_eval_return:.1f}; outputs in {args.run_dir}")
+    return 0
+
+
+def _switch(args: argparse.Namespace) -> int:
+    from cloud._control import ControlClient
+
+    result = ControlClient.for_run(args.run).switch(args.to, timeout=args.timeout)
+    print(f"strata switch: {result['from_mode']} -> {result['to_mode']} at step {result['at_step']:,} "
+          f"(policy version {result['at_version']}); pause {result['pause_s'] * 1000:.0f} ms")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+
+    from cloud._control import ControlClient
+
+    status = ControlClient.for_run(args.run).status()
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    last = status.get("last_switch")
+    rows = [("run", status.get("run_dir")), ("env", status.get("env_id")), ("state", status.get("state")),
+            ("mode", f"{status.get('mode')} (modes: {', '.join(status.get('modes', []))})"),
+            ("env steps", f"{status.get('step', 0):,}"), ("steps/s", f"{status.get('env_steps_per_s', 0):,.0f}"),
+            ("mean return (20)", status.get("mean_return")), ("policy version", status.get("policy_version")),
+            ("active workers", status.get("workers")),
+            ("last switch", "none" if not last else f"{last['from_mode']} -> {last['to_mode']} at step "
+             f"{last['at_step']:,} ({last['trigger']}: {last['reason']}), pause {last['pause_s'] * 1000:.0f} ms")]
+    for name, value in rows:
+        print(f"{name:>17}  {value}")
+    return 0
+
+
+def _runs(args: argparse.Namespace) -> int:
+    import json
+
+    from cloud._control import list_runs
+
+    runs = list_runs(args.root)
+    if args.json:
+        for run in runs:
+            print(json.dumps(run))
+        return 0
+    if not runs:
+        print(f"strata runs: no run dirs under {str(args.root)!r} (start one with `strata train --run-dir "
+              f"{args.root}/NAME ...`)")
+        return 0
+    print(f"{'run':<40} {'state':<8} {'step':>10} {'version':>8} {'return':>8}  mode")
+    for r in runs:
+        ret = "-" if r["mean_return"] is None else f"{r['mean_return']:.1f}"
+        step = "-" if r["step"] is None else f"{r['step']:,}"
+        print(f"{r['run']:<40} {r['state']:<8} {step:>10} {r['version'] or '-':>8} {ret:>8}  {r['mode'] or '-'}")
     return 0
 
 

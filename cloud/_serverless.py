@@ -127,6 +127,8 @@ class ServerlessConfig:
     """Lambda endpoint (a local runtime's URL); empty: AWS_ENDPOINT_URL_LAMBDA or AWS itself."""
     region: str = ""
     """AWS region; empty: boto3's default resolution."""
+    unsigned: bool = False
+    """Invoke without signing (no AWS credentials needed): only for strata's local function runtime."""
     result_bucket: str = ""
     """S3 bucket for async results, results over 6 MB and bundles too large to inline."""
     result_prefix: str = "strata-rollouts/"
@@ -310,7 +312,7 @@ class ServerlessRolloutSource:
         self.invoker = invoker or LambdaInvoker(
             function_timeout_s=config.function_timeout_s, region=config.region or None,
             endpoint_url=config.lambda_endpoint_url or None, max_pool_connections=config.max_concurrency + 2,
-            max_retries=config.max_retries)
+            max_retries=config.max_retries, unsigned=config.unsigned)
         self._s3 = s3
         self._clock = clock
         self.autoscaler = Autoscaler(config, clock=clock)
@@ -524,8 +526,8 @@ def make_serverless_source(functions: Literal["local", "aws"], config: Serverles
     ``local`` starts `strata functions serve` in a subprocess (`LocalRuntimeProcess`: its HTTP threads stay
     out of the learner's GIL) serving ``config.function_name`` with `functions._handlers.rollout_handler`,
     unless ``config.lambda_endpoint_url`` points at a running one, and uses the local ramp (`local_scaling`).
-    ``aws`` invokes the deployed function through boto3's normal resolution. boto3 signs requests in both
-    cases, so the local runtime needs some credentials in the environment (any value works, as with moto).
+    ``aws`` invokes the deployed function through boto3's normal resolution and credential chain. The
+    embedded local runtime is invoked unsigned, so a laptop needs no AWS credentials for it.
 
     Args:
         functions: ``"local"`` or ``"aws"``.
@@ -544,7 +546,7 @@ def make_serverless_source(functions: Literal["local", "aws"], config: Serverles
         if not config.lambda_endpoint_url:
             runtime = LocalRuntimeProcess(config, environment=environment)
             owned.append(runtime)
-            config = dataclasses.replace(config, lambda_endpoint_url=runtime.url)
+            config = dataclasses.replace(config, lambda_endpoint_url=runtime.url, unsigned=True)
     source = ServerlessRolloutSource(config)
     source._owned.extend(owned)
     if bundle is not None:

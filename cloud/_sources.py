@@ -17,6 +17,7 @@ while the update's fragments were produced).
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -90,6 +91,17 @@ class VectorEnvSource:
     def produced(self) -> int:
         """Transitions stepped so far."""
         return self._produced
+
+    def probe(self) -> float:
+        """Env steps/s of random actions for one update's worth of steps (the next restart resets the envs)."""
+        if self._envs is None:
+            self._envs = self._make_envs()
+        envs = self._envs
+        envs.reset()
+        started = time.perf_counter()
+        for _ in range(self._num_steps):
+            envs.step(envs.action_space.sample())
+        return float(self._num_steps * envs.num_envs / max(time.perf_counter() - started, 1e-9))
 
     def workers(self) -> int:
         """Env workers (processes or services) behind the vector env, else its env count."""
@@ -228,6 +240,16 @@ class FragmentFeed:
     def produced(self) -> int:
         """Transitions received so far."""
         return self._produced
+
+    def probe(self) -> float:
+        """Env steps/s of one update's fragments, acted by the current policy and then discarded."""
+        if self._producer is None:
+            self._producer = self._make_producer()
+        if self._policy_version is None:
+            return 0.0  # nothing to act with yet: the learner has not published a policy to these hosts
+        started = time.perf_counter()
+        steps = sum(f.size for f in self._producer.fragments(self._wanted))
+        return steps / max(time.perf_counter() - started, 1e-9)
 
     def workers(self) -> int:
         """Hosts or function instances feeding this source."""

@@ -65,6 +65,10 @@ class RolloutSource(Protocol):
         """Active env workers, services or function instances."""
         ...
 
+    def probe(self) -> float:
+        """Measure this mode's env steps/s with a short run whose transitions reach no learner."""
+        ...
+
     def close(self) -> None:
         """Stop everything the source started."""
         ...
@@ -168,7 +172,7 @@ class Switcher:
         warm_standby: Build every mode at start and keep the inactive ones warm, so a switch is a
             reset rather than a start-up (the pause the design asks to keep under 500 ms).
         probe: ``probe(mode) -> env steps/s`` of a short measured run in that mode (for
-            ``rules.probe``); None disables probing.
+            ``rules.probe``); None uses the sources' own `RolloutSource.probe`.
         env_profile: ``{"steps_per_s": ..., "bytes": ...}`` of one env, for the design thresholds.
         log: Where the reason of every switch is logged.
         first_version: The learner's policy version at start (names the first source's streams).
@@ -187,7 +191,7 @@ class Switcher:
                                   "add it or change --phase-to")
         self._builders = dict(builders)
         self._sources: dict[str, RolloutSource] = {}
-        self._probe = probe
+        self._probe = probe or (lambda mode: self._source(mode).probe())
         self._profile = dict(env_profile or {})
         self._log = log
         self._lock = threading.Lock()
@@ -282,7 +286,7 @@ class Switcher:
         return None
 
     def _probe_allows(self, to: str, reason: str) -> tuple[bool, str]:
-        if not self.rules.probe or self._probe is None or reason.startswith("threshold: env memory"):
+        if not self.rules.probe or reason.startswith("threshold: env memory"):
             return True, reason
         here, there = self._probe(self.mode), self._probe(to)
         verdict = there >= self.rules.probe_margin * here

@@ -15,6 +15,7 @@ a signing key of its own run dir (``run_dir/keys``), and hands the hosts the pub
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,8 +121,37 @@ def build_switcher(*, env_id: str, config: Any, switching: SwitchingConfig, rule
             return VectorEnvSource(mode, make_envs, agent=agent, normalizer=normalizer, num_steps=config.num_steps)
 
         builders[mode] = build
+    profile = measure_env(env_id) if rules.thresholds else None
     return Switcher(builders=builders, initial=modes[0], rules=rules, warm_standby=switching.warm_standby, log=log,
-                    first_version=first_version)
+                    first_version=first_version, env_profile=profile)
+
+
+def measure_env(env_id: str, *, seconds: float = 0.3) -> dict[str, float]:
+    """One env's step rate (random actions, one process) and memory, for the design thresholds.
+
+    Memory is the Python-heap peak of making and stepping it (tracemalloc): a floor of the real
+    footprint, good enough to tell a 4 GB simulator from a classic-control one.
+    """
+    import tracemalloc
+
+    import gymnasium as gym
+
+    tracemalloc.start()
+    try:
+        env = gym.make(env_id)
+        env.reset(seed=0)
+        steps, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+            steps += 1
+            if terminated or truncated:
+                env.reset()
+        rate = steps / (time.perf_counter() - started)
+        peak = tracemalloc.get_traced_memory()[1]
+        env.close()
+    finally:
+        tracemalloc.stop()
+    return {"steps_per_s": rate, "bytes": float(peak)}
 
 
 def _fragment_builder(mode: str, *, env_id: str, config: Any, switching: SwitchingConfig, seed: int, agent: Any,

@@ -41,7 +41,7 @@ _INVOCATION_TYPES = ("RequestResponse", "Event", "DryRun")
 def client(service: str, *, region: str | None = None, endpoint_url: str | None = None,
            read_timeout: float | None = None, connect_timeout: float | None = None,
            max_pool_connections: int | None = None, max_attempts: int | None = None,
-           sleep: Callable[[float], None] = time.sleep) -> Any:
+           unsigned: bool = False, sleep: Callable[[float], None] = time.sleep) -> Any:
     """Return a boto3 client for `service` configured in strata's one way.
 
     Args:
@@ -55,6 +55,8 @@ def client(service: str, *, region: str | None = None, endpoint_url: str | None 
         max_pool_connections: HTTP connection pool size; size it to the caller's fan-out (default 10).
         max_attempts: Total attempts the SDK makes per call, first one included (``1`` turns SDK
             retries off); ``None`` keeps botocore's standard retry mode defaults.
+        unsigned: Send requests unsigned, needing no credentials: for strata's own local endpoints
+            (the local function runtime), never for AWS.
         sleep: Kept so every factory in this module has the same injectable-sleep signature; boto3's
             own retry sleeps are internal to botocore and cannot be injected.
     """
@@ -74,6 +76,8 @@ def client(service: str, *, region: str | None = None, endpoint_url: str | None 
         options["connect_timeout"] = connect_timeout
     if max_pool_connections is not None:
         options["max_pool_connections"] = max_pool_connections
+    if unsigned:
+        options["signature_version"] = require("botocore", extra=_EXTRA, purpose="talking to AWS").UNSIGNED
     session = boto3.session.Session(botocore_session=_botocore_session())
     resolved_region = region or session.region_name or "us-east-1"
     return session.client(service, region_name=resolved_region, endpoint_url=endpoint_url,
@@ -143,7 +147,8 @@ class LambdaInvoker:
     def __init__(self, *, function_timeout_s: float = 60.0, region: str | None = None,
                  endpoint_url: str | None = None, max_pool_connections: int = 10, max_retries: int = 6,
                  base_backoff_s: float = 0.05, max_backoff_s: float = 5.0,
-                 sleep: Callable[[float], None] = time.sleep, lambda_client: Any = None) -> None:
+                 sleep: Callable[[float], None] = time.sleep, lambda_client: Any = None,
+                 unsigned: bool = False) -> None:
         if not 0 < function_timeout_s <= LAMBDA_MAX_TIMEOUT_S:
             raise ValueError(f"LambdaInvoker: function_timeout_s must be in (0, {LAMBDA_MAX_TIMEOUT_S:g}], "
                              f"got {function_timeout_s}")
@@ -158,7 +163,7 @@ class LambdaInvoker:
         # Read timeout above the function timeout: the service answers only when the function ends.
         self.client = lambda_client if lambda_client is not None else client(
             "lambda", region=region, endpoint_url=endpoint_url, read_timeout=function_timeout_s + 15.0,
-            connect_timeout=10.0, max_pool_connections=max_pool_connections, max_attempts=1)
+            connect_timeout=10.0, max_pool_connections=max_pool_connections, max_attempts=1, unsigned=unsigned)
 
     def invoke(self, function_name: str, payload: bytes, *, invocation_type: InvocationType = "RequestResponse",
                qualifier: str | None = None, log_tail: bool = False) -> InvokeResult:

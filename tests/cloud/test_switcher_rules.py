@@ -47,6 +47,9 @@ class CountingSource:
     def workers(self) -> int:
         return 1
 
+    def probe(self) -> float:
+        return 1.0
+
     def close(self) -> None:
         self.closed = True
 
@@ -77,11 +80,11 @@ def test_phase_schedule_fires_once_with_its_reason() -> None:
 
 def test_manual_requests_switch_both_ways_and_account_every_transition() -> None:
     sw = make()
-    for to in ["decoupled", "colocated", "decoupled", "colocated"]:
+    for k, to in enumerate(["decoupled", "colocated", "decoupled", "colocated"]):
         future = sw.request(to, reason="test")
-        run(sw, 1)
+        run(sw, 1, start=k)
         assert future.result(timeout=1).to_mode == to
-    run(sw, 2)
+    run(sw, 2, start=4)
     check = sw.accounting.check()
     assert check == {"consumed": sw.produced(), "duplicates": 0, "gaps": 0}
     assert len(sw.history) == 4
