@@ -107,3 +107,25 @@ def check_spaces(env_id: str, observation_space: Any, action_space: Any) -> None
         raise ConfigError(f"{env_id}: action space {action_space} starts at {action_space.start}; "
                           "strata's PPO needs Discrete actions numbered from 0")
 
+
+
+def probe_spaces(env_id: str) -> tuple[Any, Any]:
+    """Return ``(observation_space, action_space)`` of one `env_id` instance, after `check_spaces`.
+
+    Raises:
+        ConfigError: `env_id` is not registered, or its spaces are not supported.
+        MissingDependencyError: The env needs a package that is not installed (e.g. Box2D).
+    """
+    gym = require("gymnasium", extra="cloud", purpose="training environments")
+    if env_id not in gym.registry:
+        raise ConfigError(f"train: {env_id!r} is not a registered gymnasium env id; "
+                          f"list them with `python -c 'import gymnasium; gymnasium.pprint_registry()'`")
+    try:
+        probe = gym.make(env_id)
+    except gym.error.DependencyNotInstalled as exc:
+        raise MissingDependencyError(f"train: {env_id!r} needs a package that is not installed: {exc}") from exc
+    try:
+        check_spaces(env_id, probe.observation_space, probe.action_space)
+        return probe.observation_space, probe.action_space
+    finally:
+        probe.close()

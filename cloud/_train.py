@@ -27,7 +27,7 @@ import numpy as np
 
 from cloud._checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from cloud._control import SWITCHES_FILE
-from cloud._envs import check_spaces, make_vector_env
+from cloud._envs import make_vector_env, probe_spaces
 from cloud._metrics import MetricsWriter
 from cloud._ppo import Episode, PPOConfig, ppo_update
 from cloud._switcher import SwitchEvent, SwitchRules
@@ -148,13 +148,7 @@ def train(
     generator = np.random.default_rng([seed, version])
     env_seed = seed if version == 0 else seed + 104729 * version
     switching = switching or SwitchingConfig(control=False)
-    if env_id not in gym.registry:
-        raise ConfigError(f"train: {env_id!r} is not a registered gymnasium env id; "
-                          f"list them with `python -c 'import gymnasium; gymnasium.pprint_registry()'`")
-    probe = gym.make(env_id)
-    obs_space, action_space = probe.observation_space, probe.action_space
-    probe.close()
-    check_spaces(env_id, obs_space, action_space)
+    obs_space, action_space = probe_spaces(env_id)
     switcher = None
     control: JobControl | None = None
     try:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
+
+import pytest
 
 from device import Bundle
 from tests._cli import run_strata
@@ -36,11 +39,17 @@ def test_train_resume_export(tmp_path: Path) -> None:
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
-def test_train_refuses_an_unsupported_space(tmp_path: Path) -> None:
-    result = run_strata("train", "--env", "Taxi-v4", "--total-steps", "10", "--run-dir", str(tmp_path / "r"))
+@pytest.mark.parametrize(("env_id", "message"), [
+    ("Taxi-v4", "strata train: error: Taxi-v4: observation space Discrete(500) is not supported; strata's PPO needs "
+                "a Box observation space"),
+    ("CarRacing-v3", "strata train: error: train: 'CarRacing-v3' needs a package that is not installed: Box2D"),
+])
+def test_train_refuses_an_env_it_cannot_run(env_id: str, message: str, tmp_path: Path) -> None:
+    if env_id == "CarRacing-v3" and importlib.util.find_spec("Box2D") is not None:
+        pytest.skip("Box2D is installed here, so CarRacing-v3 is not missing a dependency")
+    result = run_strata("train", "--env", env_id, "--total-steps", "10", "--run-dir", str(tmp_path / "r"))
     assert result.returncode == 2
-    assert ("strata train: error: Taxi-v4: observation space Discrete(500) is not supported; strata's PPO needs "
-            "a Box observation space") in result.stderr
+    assert message in result.stderr
     assert "Traceback" not in result.stderr
 
 
