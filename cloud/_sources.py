@@ -206,23 +206,25 @@ class FragmentFeed:
         return parts, episodes
 
     def _evaluated(self, fragment: RolloutBatch, policy_version: int) -> RolloutBatch:
-        """`fragment` with the learner's log-probs and values, stamped with the learner's version."""
+        """`fragment` with the learner's log-probs and values, stamped with the learner's version.
+
+        Arrays decoded from the wire are read-only views of the message; the learner gets its own copies.
+        """
         import torch
 
-        obs_shape = fragment.obs.shape[2:]
+        obs, actions = np.array(fragment.obs), np.array(fragment.actions)
         t, n = fragment.num_steps, fragment.num_envs
         with torch.inference_mode():
-            b_obs = torch.from_numpy(self._normalizer(fragment.obs.reshape(t * n, *obs_shape)))
-            actions = np.ascontiguousarray(fragment.actions).reshape(t * n, *fragment.actions.shape[2:])
-            b_act = torch.from_numpy(actions)
+            b_obs = torch.from_numpy(self._normalizer(obs.reshape(t * n, *obs.shape[2:])))
+            b_act = torch.from_numpy(actions.reshape(t * n, *actions.shape[2:]))
             logprobs, _ = self._agent.evaluate_actions(b_obs, b_act)
             values = self._agent.get_value(b_obs)
         return RolloutBatch(
-            source=fragment.source, obs=fragment.obs, actions=fragment.actions, rewards=fragment.rewards,
-            terminations=fragment.terminations, truncations=fragment.truncations, final_obs=fragment.final_obs,
-            next_obs=fragment.next_obs, policy_version=np.full((t, n), policy_version, dtype=np.int64),
-            worker=fragment.worker, seq=fragment.seq, logprobs=logprobs.numpy().reshape(t, n),
-            values=values.numpy().reshape(t, n))
+            source=fragment.source, obs=obs, actions=actions, rewards=np.array(fragment.rewards),
+            terminations=np.array(fragment.terminations), truncations=np.array(fragment.truncations),
+            final_obs=np.array(fragment.final_obs), next_obs=np.array(fragment.next_obs),
+            policy_version=np.full((t, n), policy_version, dtype=np.int64), worker=np.array(fragment.worker),
+            seq=np.array(fragment.seq), logprobs=logprobs.numpy().reshape(t, n), values=values.numpy().reshape(t, n))
 
     def _episodes(self, fragment: RolloutBatch, step: int, episode: Any) -> list[Any]:
         ended = []
