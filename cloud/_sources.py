@@ -70,12 +70,16 @@ class VectorEnvSource:
         self._collector: Any = None
         self._produced = 0
 
+    def prepare(self) -> None:
+        """Build the vector env (start its workers or services)."""
+        if self._envs is None:
+            self._envs = self._make_envs()
+
     def restart(self, *, incarnation: int) -> None:
         """Reset every env: fresh episodes and fresh streams."""
         from cloud._ppo import RolloutCollector
 
-        if self._envs is None:
-            self._envs = self._make_envs()
+        self.prepare()
         self._collector = RolloutCollector(self._envs, num_steps=self._num_steps,
                                            source=f"{self.mode}:{incarnation}")
 
@@ -94,8 +98,7 @@ class VectorEnvSource:
 
     def probe(self) -> float:
         """Env steps/s of random actions for one update's worth of steps (the next restart resets the envs)."""
-        if self._envs is None:
-            self._envs = self._make_envs()
+        self.prepare()
         envs = self._envs
         envs.reset()
         started = time.perf_counter()
@@ -170,10 +173,14 @@ class FragmentFeed:
         self._returns: dict[tuple[str, int], float] = defaultdict(float)
         self._lengths: dict[tuple[str, int], int] = defaultdict(int)
 
-    def restart(self, *, incarnation: int) -> None:
-        """Start the producer if needed and forget open episodes (the hosts keep their own streams)."""
+    def prepare(self) -> None:
+        """Start the producer (env services, or the function runtime)."""
         if self._producer is None:
             self._producer = self._make_producer()
+
+    def restart(self, *, incarnation: int) -> None:
+        """Start the producer if needed and forget open episodes (the hosts keep their own streams)."""
+        self.prepare()
         self._policy_version = None
         self._returns.clear()
         self._lengths.clear()
@@ -245,8 +252,8 @@ class FragmentFeed:
 
     def probe(self) -> float:
         """Env steps/s of one update's fragments, acted by the current policy and then discarded."""
-        if self._producer is None:
-            self._producer = self._make_producer()
+        self.prepare()
+        assert self._producer is not None
         if self._policy_version is None:
             return 0.0  # nothing to act with yet: the learner has not published a policy to these hosts
         started = time.perf_counter()

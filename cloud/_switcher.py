@@ -53,6 +53,10 @@ class RolloutSource(Protocol):
         """
         ...
 
+    def prepare(self) -> None:
+        """Start what the source runs on (processes, services, a runtime) without producing anything."""
+        ...
+
     def restart(self, *, incarnation: int) -> None:
         """Begin fresh episodes and fresh transition streams named ``{mode}:{incarnation}``."""
         ...
@@ -206,7 +210,7 @@ class Switcher:
         self._source(initial).restart(incarnation=first_version)
         if warm_standby:
             for name in self._builders:
-                self._source(name)
+                self._source(name).prepare()
 
     # -- sources -----------------------------------------------------------------------------------
 

@@ -24,6 +24,9 @@ class CountingSource:
         self.count = 0
         self.closed = False
 
+    def prepare(self) -> None:
+        pass
+
     def restart(self, *, incarnation: int) -> None:
         self.incarnation = incarnation
         self.seq[:] = 0
