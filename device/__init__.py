@@ -30,6 +30,7 @@ from device._device_run import (
     TieredController,
     run_device,
 )
+from device._device_topics import DevicePayloadError, DeviceTopics, EscalationReply, EscalationRequest
 from device._errors import ConfigError, MissingDependencyError, StrataError
 from device._executor import NumpyExecutor, supported_operators
 from device._export_c import export_c
@@ -46,9 +47,13 @@ __all__ = [
     "ConfigError",
     "Decision",
     "DeviceConfig",
+    "DevicePayloadError",
     "DeviceReport",
     "DeviceRunError",
     "DeviceRuntime",
+    "DeviceTopics",
+    "EscalationReply",
+    "EscalationRequest",
     "ExpiredBundleError",
     "KeyFileError",
     "Manifest",

@@ -28,8 +28,15 @@ from pathlib import Path
 
 import numpy as np
 
-from device import BundleError, TrustStore, Verifier
-from device._device_topics import DevicePayloadError, DeviceTopics, EscalationReply, EscalationRequest
+from device import (
+    BundleError,
+    DevicePayloadError,
+    DeviceTopics,
+    EscalationReply,
+    EscalationRequest,
+    TrustStore,
+    Verifier,
+)
 from edge._errors import EdgeConfigError
 from edge._mqtt import LinkConfig, MqttLink
 from edge._policy import OnnxPolicy

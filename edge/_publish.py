@@ -103,6 +103,25 @@ class Publisher:
             self._acked -= set(mids)
         return ann
 
+    def publish_device_bundle(self, bundle: Bundle | bytes) -> None:
+        """Publish a device-tier bundle retained to the fleet's device topic; edge gateways relay it to devices."""
+        from device import DeviceTopics
+
+        data = bundle if isinstance(bundle, bytes) else bundle.to_bytes()
+        if not self.link.wait_connected(self.ack_timeout_s):
+            raise PublishError(f"Publisher.publish_device_bundle: not connected to {self.link.config.broker} after "
+                               f"{self.ack_timeout_s}s (state {self.link.state.value}: {self.link.last_error})")
+        mid = self._send(DeviceTopics(self.topics.fleet, "fleet").fleet_device_policy, data)
+        deadline = time.monotonic() + self.ack_timeout_s
+        with self._cond:
+            while mid not in self._acked:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PublishError(f"Publisher.publish_device_bundle: no acknowledgement within "
+                                       f"{self.ack_timeout_s}s")
+                self._cond.wait(left)
+            self._acked.discard(mid)
+
     def _send(self, topic: str, payload: bytes) -> int:
         result = self.link.publish(topic, payload, retain=True)
         if not result.accepted:

@@ -32,3 +32,18 @@ def test_run_fleet_demo_on_the_embedded_broker(tmp_path: Path) -> None:
     assert [(v.node, v.version, v.online) for v in result.views] == [("edge-0", 3, True), ("edge-1", 3, True)]
     assert all(v.steps for v in result.views)
     assert "edge-0" in result.table
+
+
+def test_run_fleet_demo_serves_devices_that_escalate_to_their_edge(tmp_path: Path) -> None:
+    from edge import run_fleet_demo
+
+    key, pub = make_keys(tmp_path / "keys")
+    micro = cartpole_bundle(key, 1, policy="cartpole-micro", target_tier="device")
+    result = run_fleet_demo(cartpole_bundle(key, 3), trust=pub, work_dir=tmp_path / "edge", nodes=2, act_seconds=0.3,
+                            device_bundle=micro, devices=2, device_steps=300, device_threshold=0.02)
+    assert [d["device"] for d in result.devices] == ["device-0", "device-1"]
+    assert [d["edge"] for d in result.devices] == ["edge-0", "edge-1"]
+    for d in result.devices:
+        assert d["steps"] == 300 and d["policy_version"] == 1
+        tiers = d["by_tier"]
+        assert isinstance(tiers, dict) and tiers["device"] > 0 and tiers["edge"] > 0  # both tiers decided
