@@ -229,7 +229,7 @@ def train(
                     values["switch/pause_s"] = event.pause_s
                     _append_jsonl(run_dir / SWITCHES_FILE, event.to_dict())
                 metrics.log(global_step=global_step, policy_version=version, values=values)
-                display.update(global_step, mean_return, values["perf/env_steps_per_s"])
+                display.update(global_step, mean_return, values["perf/env_steps_per_s"], mode=switcher.mode)
                 if control is not None:
                     control.update(state="training", step=global_step, policy_version=version,
                                    mean_return=None if np.isnan(mean_return) else mean_return,
@@ -313,22 +313,24 @@ class _Progress:
         if self.enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("return {task.fields[ret]:>7}"),
+            self._bar = Progress(TextColumn("[bold]{task.description}"), TextColumn("[cyan]{task.fields[mode]}"),
+                                 BarColumn(), MofNCompleteColumn(), TextColumn("return {task.fields[ret]:>7}"),
                                  TextColumn("{task.fields[sps]:>8} steps/s"), TimeElapsedColumn())
             self._bar.start()
             self._task = self._bar.add_task(f"PPO {self.env_id}", total=self.total, completed=self._done,
-                                            ret="-", sps="-")
+                                            ret="-", sps="-", mode="")
         return self
 
-    def update(self, global_step: int, mean_return: float, steps_per_s: float) -> None:
-        """Show the env-step count, the 20-episode mean return and the throughput."""
+    def update(self, global_step: int, mean_return: float, steps_per_s: float, mode: str = "") -> None:
+        """Show the env-step count, the 20-episode mean return, the throughput and the active mode."""
         ret = "-" if np.isnan(mean_return) else f"{mean_return:.1f}"
         if self._bar is not None:
-            self._bar.update(self._task, completed=min(global_step, self.total), ret=ret, sps=f"{steps_per_s:,.0f}")
+            self._bar.update(self._task, completed=min(global_step, self.total), ret=ret, sps=f"{steps_per_s:,.0f}",
+                             mode=mode)
         elif time.perf_counter() - self._last_print >= self.every_s:
             self._last_print = time.perf_counter()
-            self.log(f"train {self.env_id}: step {global_step:,}/{self.total:,}  return(20) {ret}  "
+            where = f" [{mode}]" if mode else ""
+            self.log(f"train {self.env_id}{where}: step {global_step:,}/{self.total:,}  return(20) {ret}  "
                      f"{steps_per_s:,.0f} steps/s")
 
     def __exit__(self, *exc: object) -> None:
