@@ -13,6 +13,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the cloud tier's commands to the root parser."""
     import dataclasses
 
+    from cloud._demo import DemoConfig
     from cloud._ppo import PPOConfig
     from cloud._sac import SACConfig
     from cloud._switcher import SwitchRules
@@ -22,14 +23,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = sub.add_parser(
         "demo",
         help="run the whole strata story on one machine with embedded defaults",
-        description="Run strata end to end on embedded defaults and write a report folder: train PPO on "
-        "CartPole-v1 until solved (20-episode mean >= 475) or the step budget, export a signed bundle, "
-        "verify it, evaluate it with the numpy device executor, write a summary and a learning curve.",
+        description="Run strata end to end on embedded defaults and write a report folder: PPO on CartPole-v1 "
+        "co-located, switched live to serverless functions (local runtime) and back by the rules; a signed edge "
+        "bundle and a distilled device bundle; three edge agents and two devices on the embedded MQTT broker; "
+        "a fleet table; learning-curve and throughput plots and a markdown summary.",
     )
-    demo.add_argument("--out", default="demo-report", help="report folder to write (default: %(default)s)")
-    demo.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    demo.add_argument("--total-steps", type=int, default=150_000, metavar="N",
-                      help="env-step budget of the training stage (default: %(default)s)")
+    add_config_arguments(demo, DemoConfig)
     demo.set_defaults(func=_demo)
 
     train = sub.add_parser(
@@ -120,8 +119,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     from cloud._demo import DemoConfig, run_demo
+    from device import config_from_args
 
-    return run_demo(DemoConfig(out=args.out, seed=args.seed, total_steps=args.total_steps))
+    return run_demo(config_from_args(DemoConfig, args))
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -1,15 +1,30 @@
-"""`strata demo`: runs what strata has, end to end, on embedded defaults, and writes a report folder.
+"""`strata demo`: the whole strata story on one machine, on embedded defaults, with a report folder.
 
-Stages (v1): train PPO on CartPole-v1 until the 20-episode mean return reaches 475 and the
-deterministic policy confirms it on 20 fresh episodes, or the step budget runs out -> export the
-newest policy as a signed bundle for the device tier -> verify it as a consumer would (trust store,
-signature, digest, tier, version) -> run 20 evaluation episodes with the numpy-only
-`device.NumpyExecutor` -> print a summary table, and write ``summary.json``, ``learning_curve.png``,
-``policy.bundle``, the key pair and the run dir into the report folder.
+Stages:
+
+1. train      PPO on CartPole-v1, co-located (shared-memory env workers). The switcher moves the live
+              run to decoupled execution on serverless functions (the local Lambda-compatible runtime,
+              invoked with boto3; or AWS with ``--functions aws``) by the phase-schedule rule, and back
+              when the design's threshold rule says a fast env belongs co-located; every switch is
+              logged with its reason. Training stops once the last 20 episodes and the deterministic
+              policy both average 475, or at the step budget.
+2. export     a signed edge bundle (ONNX, normalisation inside the graph, verified against torch) and
+              a distilled micro policy as a signed device bundle
+3. verify     both bundles as their consumers would; the edge bundle is evaluated with the numpy-only
+              device executor on 20 fresh episodes
+4. fleet      the embedded MQTT broker (or ``--broker``): three edge agents take the edge bundle,
+              verify it and act on their simulators; two devices get the micro policy through their
+              edge and escalate low-confidence observations; telemetry flows back into the fleet view
+5. report     summary.md linking learning_curve.png (with switch markers), throughput_by_mode.png,
+              fleet.txt / fleet.json and summary.json
+
+Ctrl-C at any point stops every worker, service, runtime, agent and broker the demo started (they are
+all owned by context managers or ``finally`` blocks), and leaves no shared memory behind.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -17,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -39,6 +54,18 @@ class DemoConfig:
     """Random seed for every stage."""
     total_steps: int = 150_000
     """Env-step budget of the training stage; it stops earlier once solved."""
+    switch_at: int = 8_192
+    """Env steps after which the phase schedule moves training to the functions."""
+    functions: Literal["local", "aws"] = "local"
+    """Where the decoupled phase's functions run: the embedded local runtime or AWS Lambda."""
+    broker: str | None = None
+    """MQTT broker URL for the fleet stage; None starts the embedded broker."""
+    edge_nodes: int = 3
+    """Edge agents in the fleet stage."""
+    devices: int = 2
+    """Terminal devices in the fleet stage."""
+    fleet: bool = True
+    """Run the export-to-fleet stages (False: train, export and evaluate only)."""
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -52,55 +79,121 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def _say(line: str) -> None:
+    print(f"strata demo: {line}", flush=True)
+
+
 def run_demo(config: DemoConfig) -> int:
     """Run the demo; return an exit status."""
-    gym = require("gymnasium", extra="cloud", purpose="the demo's simulators")
+    require("gymnasium", extra="cloud", purpose="the demo's simulators")
     require("torch", extra="cloud", purpose="the demo's learner")
+    from cloud._distill import DistillConfig, distill
     from cloud._export import export_run, write_bundle
+    from cloud._ppo import PPOConfig
+    from cloud._switcher import SwitchRules
+    from cloud._switching import SwitchingConfig
     from cloud._train import train
-    from device import NumpyExecutor, TrustStore, Verifier, generate_keypair, load_public_key, load_signing_key
+    from device import TrustStore, Verifier, generate_keypair, load_public_key, load_signing_key
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
-    # 1. Train. The demo owns out/run: a previous demo's run is replaced, not resumed.
+    # 1. Train, switching live. The demo owns out/run: a previous demo's run is replaced, not resumed.
     run_dir = out / "run"
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    print(f"strata demo: training PPO on {ENV_ID} (budget {config.total_steps:,} env steps; stop once the last 20 "
-          f"episodes and the deterministic policy both average {SOLVED_RETURN:g})")
+    _say(f"1/5 training PPO on {ENV_ID} co-located (budget {config.total_steps:,} env steps); the phase "
+         f"schedule moves it to serverless functions ({config.functions}) after {config.switch_at:,} steps")
+    rules = SwitchRules(phase_steps=config.switch_at, phase_to="functions", thresholds=True, min_dwell_updates=24)
+    switching = SwitchingConfig(modes=("colocated", "functions"), functions=config.functions, fragment_steps=128)
     result = train(env_id=ENV_ID, total_steps=config.total_steps, run_dir=run_dir, seed=config.seed,
-                   target_return=SOLVED_RETURN, confirm_episodes=EVAL_EPISODES)
+                   config=PPOConfig(env_mode="colocated"), target_return=SOLVED_RETURN,
+                   confirm_episodes=EVAL_EPISODES, switching=switching, rules=rules,
+                   log=lambda line: _say(line.removeprefix("switcher: ")))
 
-    # 2. Export and sign for the device tier, 3. verify as a device would.
+    # 2. Export: a signed edge bundle, and a distilled micro policy for devices.
     key_dir = out / "keys"
     private, public = key_dir / "strata-signing.key", key_dir / "strata-signing.pub"
     if not private.exists():
         private, public = generate_keypair(key_dir)
-    exported = export_run(run_dir, signing_key=load_signing_key(private), policy="cartpole", target_tier="device")
+    signing_key = load_signing_key(private)
+    _say("2/5 exporting a signed edge bundle and distilling a micro policy for devices")
+    exported = export_run(run_dir, signing_key=signing_key, policy="cartpole", target_tier="edge")
     bundle_path = out / "policy.bundle"
     write_bundle(bundle_path, exported.bundle)
-    verifier = Verifier(trust=TrustStore([load_public_key(public)]), tier="device")
-    bundle = verifier.verify(bundle_path.read_bytes())
-    verifier.accept(bundle)
+    micro = distill(exported.bundle, env_id=ENV_ID, signing_key=signing_key, policy="cartpole-micro",
+                    config=DistillConfig(seed=config.seed, iterations=3, steps_per_iteration=1500, eval_episodes=5))
+    micro_path = out / "micro.bundle"
+    write_bundle(micro_path, micro.bundle)
 
-    # 4. Evaluate with the numpy-only executor, on episodes the learner never saw.
+    # 3. Verify as the consumers would, and evaluate the edge bundle with the numpy-only executor.
+    _say(f"3/5 verifying both bundles and evaluating the policy with the numpy device executor ({EVAL_EPISODES} "
+         "episodes)")
+    trust = TrustStore([load_public_key(public)])
+    bundle = Verifier(trust=trust, tier="edge").verify(bundle_path.read_bytes())
+    micro_bundle = Verifier(trust=trust, tier="device").verify(micro_path.read_bytes())
+    returns = _evaluate(bundle, seed=config.seed)
+
+    # 4. The fleet.
+    fleet: Any = None
+    if config.fleet:
+        from edge import run_fleet_demo
+
+        where = config.broker or "the embedded MQTT broker"
+        _say(f"4/5 publishing through {where} to {config.edge_nodes} edge agents and {config.devices} devices")
+        fleet = run_fleet_demo(bundle, trust=public, work_dir=out / "fleet", nodes=config.edge_nodes,
+                               broker=config.broker, act_seconds=1.0, device_bundle=micro_bundle,
+                               devices=config.devices, device_steps=1000, device_threshold=0.2)
+
+    # 5. The report.
+    _say("5/5 writing the report")
+    summary = _summary(config, result, exported, bundle, bundle_path, micro, micro_path, returns, fleet, started)
+    switches = [e.to_dict() for e in result.switches]
+    _learning_curve(out / "learning_curve.png", [(e.global_step, e.episodic_return) for e in result.episodes],
+                    switches)
+    summary["throughput_by_mode"] = _throughput_by_mode(out / "throughput_by_mode.png", run_dir)
+    if fleet is not None:
+        _write_atomic(out / "fleet.txt", (fleet.table + "\n").encode())
+        _write_atomic(out / "fleet.json", json.dumps({"nodes": [v.__dict__ for v in fleet.views],
+                                                      "devices": list(fleet.devices)}, indent=2,
+                                                     default=str).encode())
+    _write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=str).encode())
+    _write_atomic(out / "summary.md", _markdown(summary, switches, fleet).encode())
+    _print_table(summary)
+    if fleet is not None:
+        print(fleet.table)
+    _say(f"report in {out}/ (summary.md, learning_curve.png, throughput_by_mode.png, fleet.txt, policy.bundle, "
+         "micro.bundle, keys/, run/)")
+    return 0
+
+
+def _evaluate(bundle: Any, *, seed: int) -> list[float]:
+    import gymnasium as gym
+
+    from device import NumpyExecutor
+
     executor = NumpyExecutor.from_bundle(bundle)
     env = gym.make(ENV_ID)
     returns: list[float] = []
-    for episode in range(EVAL_EPISODES):
-        obs, _ = env.reset(seed=10_000 + 1000 * config.seed + episode)
-        total, done = 0.0, False
-        while not done:
-            action = executor.act(np.asarray(obs, dtype=np.float32)[None])
-            obs, reward, terminated, truncated, _ = env.step(int(action[0]))
-            total += float(reward)
-            done = terminated or truncated
-        returns.append(total)
-    env.close()
-    eval_mean = float(np.mean(returns))
+    try:
+        for episode in range(EVAL_EPISODES):
+            obs, _ = env.reset(seed=10_000 + 1000 * seed + episode)
+            total, done = 0.0, False
+            while not done:
+                action = executor.act(np.asarray(obs, dtype=np.float32)[None])
+                obs, reward, terminated, truncated, _ = env.step(int(action[0]))
+                total += float(reward)
+                done = terminated or truncated
+            returns.append(total)
+    finally:
+        env.close()
+    return returns
 
+
+def _summary(config: DemoConfig, result: Any, exported: Any, bundle: Any, bundle_path: Path, micro: Any,
+             micro_path: Path, returns: list[float], fleet: Any, started: float) -> dict[str, Any]:
+    eval_mean = float(np.mean(returns))
     summary: dict[str, Any] = {
         "env_id": ENV_ID, "seed": config.seed, "budget_env_steps": config.total_steps,
         "env_steps": result.global_step, "policy_version": result.policy_version,
@@ -108,44 +201,138 @@ def run_demo(config: DemoConfig) -> int:
         "env_steps_per_s": round(result.global_step / max(result.wall_s, 1e-9)),
         "train_mean_return_20": result.mean_return, "solved_at_step": result.solved_at_step,
         "greedy_return_during_training": result.greedy_return,
+        "switches": [e.to_dict() for e in result.switches], "accounting": result.accounting,
         "bundle": str(bundle_path), "bundle_bytes": bundle_path.stat().st_size, "key_id": bundle.key_id,
         "policy": bundle.manifest.policy, "bundle_version": bundle.manifest.version,
         "max_abs_diff_torch_vs_onnxruntime": exported.max_abs_diff,
+        "micro_bundle": str(micro_path), "micro_bundle_bytes": micro_path.stat().st_size,
+        "micro_weights": micro.student_params, "teacher_weights": micro.teacher_params,
+        "micro_return": micro.student_return, "micro_kept": micro.kept,
         "eval_executor": "device.NumpyExecutor", "eval_episodes": EVAL_EPISODES, "eval_mean_return": eval_mean,
         "eval_min_return": float(np.min(returns)), "eval_returns": returns,
-        "solved": eval_mean >= SOLVED_RETURN, "total_seconds": round(time.perf_counter() - started, 2),
+        "solved": eval_mean >= SOLVED_RETURN,
     }
-    _learning_curve(out / "learning_curve.png", [(e.global_step, e.episodic_return) for e in result.episodes])
-    _write_atomic(out / "summary.json", json.dumps(summary, indent=2).encode())
-    _print_table(summary)
-    print(f"strata demo: report in {out}/ (summary.json, learning_curve.png, policy.bundle, keys/, run/)")
-    return 0
+    if fleet is not None:
+        summary["fleet"] = {"broker": fleet.broker, "seconds": round(fleet.seconds, 2),
+                            "nodes": [{"node": v.node, "online": v.online, "version": v.version, "steps": v.steps}
+                                      for v in fleet.views],
+                            "devices": list(fleet.devices)}
+    summary["total_seconds"] = round(time.perf_counter() - started, 2)
+    return summary
 
 
-def _learning_curve(path: Path, points: list[tuple[int, float]]) -> None:
-    """Plot every training episode's return and its 20-episode moving mean against env steps."""
+def _save(fig: Any, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    return plt
+
+
+def _learning_curve(path: Path, points: list[tuple[int, float]], switches: list[dict[str, Any]]) -> None:
+    """Every training episode's return, its 20-episode moving mean, and a marker at each switch."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
     if points:
         steps = np.array([p[0] for p in points])
         rets = np.array([p[1] for p in points])
         ax.scatter(steps, rets, s=4, alpha=0.35, label="episode return")
         window = np.convolve(rets, np.ones(20) / 20, mode="valid") if len(rets) >= 20 else rets
         ax.plot(steps[len(steps) - len(window):], window, linewidth=2, label="20-episode mean")
+    for i, s in enumerate(switches):
+        ax.axvline(s["at_step"], color="tab:red", linestyle=":", linewidth=1.5,
+                   label="switch" if i == 0 else None)
+        ax.annotate(f"-> {s['to_mode']}", (s["at_step"], 1.0), xycoords=("data", "axes fraction"),
+                    xytext=(3, -12 - 11 * (i % 3)), textcoords="offset points", color="tab:red", fontsize=8)
     ax.axhline(SOLVED_RETURN, color="grey", linestyle="--", linewidth=1, label=f"solved ({SOLVED_RETURN:g})")
     ax.set_xlabel("env steps")
     ax.set_ylabel("return")
-    ax.set_title(f"strata PPO on {ENV_ID}")
+    ax.set_title(f"strata PPO on {ENV_ID}, switching live between execution modes")
     ax.legend(loc="lower right")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    _save(fig, path)
+
+
+def _throughput_by_mode(path: Path, run_dir: Path) -> dict[str, float]:
+    """Plot env steps/s of every update, coloured by the mode that fed it; return the median per mode."""
+    from cloud._control import SWITCHES_FILE
+    from cloud._metrics import read_metrics
+
+    # Update records only (a confirmation evaluation logs an extra record at the same step).
+    records = [r for r in read_metrics(run_dir) if "perf/env_steps_per_s" in r]
+    marks = [json.loads(line) for line in (run_dir / SWITCHES_FILE).read_text().splitlines() if line.strip()]
+    rates: dict[str, list[tuple[int, float]]] = {}
+    for prev, cur in itertools.pairwise(records):
+        if cur["time"] <= prev["time"]:
+            continue
+        mode = next((m["to_mode"] for m in reversed(marks) if m["at_step"] < cur["global_step"]), marks[0]["to_mode"])
+        rate = (cur["global_step"] - prev["global_step"]) / (cur["time"] - prev["time"])
+        rates.setdefault(mode, []).append((cur["global_step"], rate))
+    plt = _pyplot()
+    fig, (ax, bars) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [3, 1]})
+    medians = {}
+    for mode, points in rates.items():
+        ax.scatter([p[0] for p in points], [p[1] for p in points], s=6, label=mode)
+        medians[mode] = float(np.median([p[1] for p in points]))
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("learner env steps/s (acting + update)")
+    ax.set_title("throughput per update, by mode")
+    if medians:
+        ax.legend()
+    bars.bar(list(medians), list(medians.values()), color=["tab:blue", "tab:orange", "tab:green"][:len(medians)])
+    bars.set_title("median per mode")
+    fig.tight_layout()
+    _save(fig, path)
+    return medians
+
+
+def _markdown(summary: dict[str, Any], switches: list[dict[str, Any]], fleet: Any) -> str:
+    lines = [f"# strata demo: {summary['env_id']}", "",
+             f"Trained for {summary['env_steps']:,} env steps ({summary['train_seconds']:.1f} s, policy version "
+             f"{summary['policy_version']}); the exported policy, run by the numpy-only device executor, averaged "
+             f"**{summary['eval_mean_return']:.1f}** over {summary['eval_episodes']} fresh episodes "
+             f"({'solved' if summary['solved'] else 'not solved'}: the threshold is {SOLVED_RETURN:g}).", "",
+             "![learning curve](learning_curve.png)", "", "## Live switches", ""]
+    if switches:
+        lines += ["| at env step | from | to | trigger | reason | pause |", "| --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {s['at_step']:,} | {s['from_mode']} | {s['to_mode']} | {s['trigger']} | {s['reason']} | "
+                  f"{s['pause_s'] * 1000:.0f} ms |" for s in switches]
+    else:
+        lines.append("No switch happened (the run was solved before the phase schedule fired).")
+    acc = summary.get("accounting") or {}
+    lines += ["", f"Transitions produced {acc.get('produced', 0):,}, consumed {acc.get('consumed', 0):,}, duplicates "
+              f"{acc.get('duplicates', 0)}, gaps {acc.get('gaps', 0)}.", "",
+              "![throughput by mode](throughput_by_mode.png)", "",
+              "| mode | median learner env steps/s |", "| --- | --- |"]
+    lines += [f"| {m} | {r:,.0f} |" for m, r in summary.get("throughput_by_mode", {}).items()]
+    lines += ["", "## Bundles", "",
+              f"- edge bundle `{Path(summary['bundle']).name}`: {summary['policy']} v{summary['bundle_version']}, "
+              f"{summary['bundle_bytes']:,} B, signed by key {summary['key_id']}",
+              f"- device bundle `{Path(summary['micro_bundle']).name}`: {summary['micro_weights']:,} weights "
+              f"(teacher {summary['teacher_weights']:,}), {summary['micro_bundle_bytes']:,} B, return "
+              f"{summary['micro_return']:.1f} ({summary['micro_kept']:.0%} of the teacher's)"]
+    if fleet is not None:
+        lines += ["", "## Fleet", "", f"Broker: {fleet.broker}. Full table: [fleet.txt](fleet.txt), "
+                  "state: [fleet.json](fleet.json).", "", "```", fleet.table, "```", "",
+                  "| device | edge | decisions | by device | by edge | fallbacks | mean return |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for d in fleet.devices:
+            tiers = d["by_tier"]
+            ret = "-" if d["mean_return"] is None else f"{d['mean_return']:.1f}"
+            lines.append(f"| {d['device']} | {d['edge']} | {d['steps']} | {tiers['device']} | {tiers['edge']} | "
+                         f"{tiers['device-fallback']} | {ret} |")
+    lines += ["", f"Total demo time {summary['total_seconds']:.1f} s. Raw figures: [summary.json](summary.json).", ""]
+    return "\n".join(lines)
 
 
 def _print_table(summary: dict[str, Any]) -> None:
@@ -157,20 +344,29 @@ def _print_table(summary: dict[str, Any]) -> None:
     table.add_column("figure")
     table.add_column("value", justify="right")
     solved_at = summary["solved_at_step"]
+    acc = summary.get("accounting") or {}
     rows = [
         ("train", "env steps", f"{summary['env_steps']:,} of {summary['budget_env_steps']:,}"),
         ("train", "policy version (updates)", str(summary["policy_version"])),
         ("train", "seconds / env steps per s", f"{summary['train_seconds']:.1f} / {summary['env_steps_per_s']:,}"),
         ("train", "20-episode mean return", f"{summary['train_mean_return_20']:.1f}"),
         ("train", "solved at env step", "-" if solved_at is None else f"{solved_at:,}"),
-        ("export", "bundle", f"{summary['policy']} v{summary['bundle_version']}, {summary['bundle_bytes']:,} B"),
+        ("switch", "switches", " ; ".join(f"{s['from_mode']}->{s['to_mode']} @{s['at_step']:,}"
+                                          for s in summary["switches"]) or "none"),
+        ("switch", "produced / consumed / dup / gaps",
+         f"{acc.get('produced', 0):,} / {acc.get('consumed', 0):,} / {acc.get('duplicates', 0)} / "
+         f"{acc.get('gaps', 0)}"),
+        ("export", "edge bundle", f"{summary['policy']} v{summary['bundle_version']}, {summary['bundle_bytes']:,} B"),
         ("export", "torch vs onnxruntime max |diff|",
          ", ".join(f"{k} {v:.1e}" for k, v in summary["max_abs_diff_torch_vs_onnxruntime"].items())),
-        ("verify", "signed by key / tier", f"{summary['key_id']} / device"),
+        ("export", "micro policy (device)",
+         f"{summary['micro_weights']:,} weights, return {summary['micro_return']:.1f}"),
         ("device", f"eval mean return ({summary['eval_episodes']} episodes)", f"{summary['eval_mean_return']:.1f}"),
-        ("device", "eval min return", f"{summary['eval_min_return']:.1f}"),
         ("", "solved (eval mean >= 475)", "yes" if summary["solved"] else "no"),
     ]
+    for d in summary.get("fleet", {}).get("devices", []):
+        rows.append(("fleet", f"{d['device']} (via {d['edge']})",
+                     f"{d['by_tier']['edge']} of {d['steps']} escalated"))
     for row in rows:
         table.add_row(*row)
     Console().print(table)
