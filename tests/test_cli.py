@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +53,9 @@ def test_missing_extra_prints_install_hint_not_traceback() -> None:
     assert result.returncode == 2
     assert "pip install 'strata[cloud]'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_cli_reference_is_current() -> None:
+    result = subprocess.run([sys.executable, "scripts/gen_cli_docs.py", "--check"], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+    assert result.returncode == 0, result.stderr

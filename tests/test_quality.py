@@ -15,7 +15,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_is_clean() -> None:
-    result = run("ruff", "check", "--no-cache", *PACKAGES, "tests", "benchmarks")
+    result = run("ruff", "check", "--no-cache", *PACKAGES, "tests", "benchmarks", "scripts")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
