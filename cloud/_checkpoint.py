@@ -9,12 +9,10 @@ under a checkpoint name, and names sort by version.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from device import ConfigError
+from device import ConfigError, atomic_file
 
 CHECKPOINT_DIR = "checkpoints"
 """Sub-folder of a run dir that holds its checkpoints."""
@@ -33,17 +31,8 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:
     import torch
 
     path = checkpoint_path(run_dir, int(state["version"]))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT, **state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as f:
+        torch.save({"format": FORMAT, **state}, f)
     return path
 
 

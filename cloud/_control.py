@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cloud._errors import CloudError
+from device import write_atomic
 
 CONTROL_FILE = "control.json"
 TOKEN_FILE = "control.token"
@@ -59,11 +60,7 @@ class ControlHandlers(Protocol):
 
 
 def _write_private(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_atomic(path, text, mode=0o600, durable=False)
 
 
 class ControlServer:

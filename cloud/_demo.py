@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from device import require
+from device import atomic_file, require, write_atomic
 
 ENV_ID = "CartPole-v1"
 SOLVED_RETURN = 475.0
@@ -66,17 +64,6 @@ class DemoConfig:
     """Terminal devices in the fleet stage."""
     fleet: bool = True
     """Run the export-to-fleet stages (False: train, export and evaluate only)."""
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _say(line: str) -> None:
@@ -154,12 +141,12 @@ def run_demo(config: DemoConfig) -> int:
                     switches)
     summary["throughput_by_mode"] = _throughput_by_mode(out / "throughput_by_mode.png", run_dir)
     if fleet is not None:
-        _write_atomic(out / "fleet.txt", (fleet.table + "\n").encode())
-        _write_atomic(out / "fleet.json", json.dumps({"nodes": [v.__dict__ for v in fleet.views],
+        write_atomic(out / "fleet.txt", fleet.table + "\n")
+        write_atomic(out / "fleet.json", json.dumps({"nodes": [v.__dict__ for v in fleet.views],
                                                       "devices": list(fleet.devices)}, indent=2,
-                                                     default=str).encode())
-    _write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=str).encode())
-    _write_atomic(out / "summary.md", _markdown(summary, switches, fleet).encode())
+                                                    default=str))
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=str))
+    write_atomic(out / "summary.md", _markdown(summary, switches, fleet))
     _print_table(summary)
     if fleet is not None:
         print(fleet.table)
@@ -224,10 +211,9 @@ def _summary(config: DemoConfig, result: Any, exported: Any, bundle: Any, bundle
 def _save(fig: Any, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
+    with atomic_file(path) as f:
+        fig.savefig(f, dpi=100, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def _pyplot() -> Any:

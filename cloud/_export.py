@@ -11,9 +11,7 @@ sizes 1 and 3 (`verify_onnx`); sign it with `device.build_bundle`.
 from __future__ import annotations
 
 import io
-import os
 import re
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +21,7 @@ import numpy as np
 
 from cloud._checkpoint import checkpoint_path, list_checkpoints, load_checkpoint, load_latest_checkpoint
 from cloud._errors import CloudError
-from device import Bundle, ConfigError, SigningKey, build_bundle, require, space_bounds
+from device import Bundle, ConfigError, SigningKey, build_bundle, require, space_bounds, write_atomic
 
 if TYPE_CHECKING:
     import torch
@@ -242,15 +240,4 @@ def export_run(run_dir: Path, *, signing_key: SigningKey, version: int | None = 
 
 def write_bundle(path: Path, bundle: Bundle) -> None:
     """Write `bundle` to `path` atomically (a temp file in the same folder, then a rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(bundle.to_bytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, bundle.to_bytes())

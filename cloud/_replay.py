@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 import time
 from collections.abc import Mapping
@@ -44,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 
 from cloud._errors import CloudError
-from device import ConfigError
+from device import ConfigError, atomic_file
 
 if TYPE_CHECKING:
     from cloud._replay_grpc import ReplayServer
@@ -622,14 +621,9 @@ class ReplayTable:
 def save_state(path: Path, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Path:
     """Write replay state to an ``.npz`` (meta as a JSON byte array) through a temp file and a rename."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     payload = {"_meta": np.frombuffer(json.dumps(dict(meta)).encode(), dtype=np.uint8), **arrays}
-    with open(tmp, "wb") as f:
+    with atomic_file(path) as f:
         np.savez(f, **payload)  # type: ignore[arg-type]
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     return path
 
 

@@ -4,6 +4,7 @@ The lowest tier: it needs only the standard library, numpy and cryptography, so 
 torch and onnxruntime do not, and every other tier can build on it.
 """
 
+from device._atomic import atomic_file, fsync_dir, write_atomic
 from device._bundle import Bundle, Manifest, Verifier, build_bundle, space_bounds, space_to_json
 from device._bundle_errors import (
     BundleError,
@@ -27,6 +28,7 @@ from device._device_run import (
     DeviceReport,
     DeviceRunError,
     DeviceRuntime,
+    StateRegion,
     TieredController,
     run_device,
 )
@@ -68,6 +70,7 @@ __all__ = [
     "RollbackError",
     "RolloutBatch",
     "SigningKey",
+    "StateRegion",
     "StrataError",
     "TamperedBundleError",
     "TieredController",
@@ -80,10 +83,12 @@ __all__ = [
     "WireError",
     "WrongTierError",
     "add_config_arguments",
+    "atomic_file",
     "build_bundle",
     "config_from_args",
     "export_c",
     "field_docs",
+    "fsync_dir",
     "generate_keypair",
     "load_public_key",
     "load_signing_key",
@@ -96,4 +101,5 @@ __all__ = [
     "space_to_json",
     "supported_operators",
     "unpack_arrays",
+    "write_atomic",
 ]

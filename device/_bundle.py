@@ -31,7 +31,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import platform
 import re
 import struct
@@ -43,6 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
+from device._atomic import write_atomic
 from device._bundle_errors import (
     BundleFormatError,
     ExpiredBundleError,
@@ -555,14 +555,7 @@ class Verifier:
         if path is None:
             return
         data = json.dumps({"format": 1, "highest_accepted": dict(sorted(highest.items()))}, indent=1).encode()
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            write_atomic(path, data)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             raise VerifierStateError(f"Verifier.accept: cannot write state file {path}: {exc}") from exc

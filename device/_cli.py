@@ -119,18 +119,9 @@ def _device_run(args: argparse.Namespace) -> int:
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
-    import os
-    import tempfile
+    from device._atomic import write_atomic
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, text, durable=False)
 
 
 def _device_export_c(args: argparse.Namespace) -> int:

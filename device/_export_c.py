@@ -20,14 +20,13 @@ Constants are written with nine significant digits, which round-trips every floa
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from device._atomic import write_atomic
 from device._bundle_errors import ModelError, UnsupportedOperatorError
 from device._onnx_proto import DTYPES, parse_model
 
@@ -356,14 +355,7 @@ int main(int argc, char **argv) {
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, text, durable=False)
 
 
 def export_c(model: bytes, out_dir: Path, *, discrete: bool | None = None) -> tuple[CPolicy, list[Path]]:

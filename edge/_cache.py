@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from device import Bundle, BundleError, TrustStore, Verifier
+from device import Bundle, BundleError, TrustStore, Verifier, fsync_dir, write_atomic
 from edge._errors import CacheError
 
 log = logging.getLogger("strata.edge.cache")
@@ -40,25 +39,6 @@ log = logging.getLogger("strata.edge.cache")
 Slot = Literal["a", "b"]
 Phase = Literal["staged", "committed", "discarded"]
 MAX_REJECTED = 64
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temp file, fsync and rename; fsync the folder."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 @dataclass(frozen=True)
@@ -135,7 +115,7 @@ class PolicyCache:
     def _write_pointer(self, pointer: Pointer | None) -> None:
         if pointer is None:
             self.pointer_path.unlink(missing_ok=True)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
         else:
             write_atomic(self.pointer_path, pointer.to_json())
         self._pointer = pointer

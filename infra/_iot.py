@@ -16,10 +16,10 @@ and the paths of the same PEMs written next to it (paho's ``tls_set`` takes file
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from device import write_atomic
 
 TOPIC_PREFIX = "strata"
 CREDENTIALS_SCHEMA = 1
@@ -69,16 +69,7 @@ def credentials_path(state_dir: Path, stage: str, node: str) -> Path:
 
 def _write_private(path: Path, text: str) -> None:
     """Write `text` to `path` readable by the owner only, through a temp file renamed into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, text, mode=0o600)
 
 
 def write_credentials(path: Path, *, endpoint: str, client_id: str, fleet: str, node: str, stage: str,
