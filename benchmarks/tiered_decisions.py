@@ -1,4 +1,4 @@
-"""Tiered decisions: device-only vs edge-only vs tiered control on CartPole-v1, and the C micro policy.
+"""Tiered decisions: device-only vs edge-only vs tiered control on CartPole-v1 and Pendulum-v1, and the C micro policy.
 
 Setup, all in one run on loopback: a real Mosquitto; an edge policy (the teacher: a 4-64-2 tanh network, by
 default a balancing controller spread over 64 units, or ``--teacher FILE`` for an exported bundle); a micro
@@ -10,12 +10,19 @@ stdlib MQTT client that receives the micro bundle through the gateway. Then, ove
 - edge-only: every decision is escalated (the policy is marked stale at once);
 - tiered: escalate when the micro policy's probability margin is under each threshold of a sweep.
 
+Pendulum-v1 (continuous actions) runs the same modes with a SAC teacher trained in this run
+(`cloud._sac.train_sac`, 15,000 env steps; ``--quick``: 2,500 steps, a much weaker teacher, a smoke run; or
+``--pendulum-teacher FILE`` for an exported bundle) and 1x16 micro policies distilled from it. A Box micro policy has
+no logits: its confidence is `device.StateRegion`'s, ``min(1, radius / Mahalanobis distance)`` of the observation
+from the states it was distilled on, and the tiered sweep is over that threshold.
+
 Reported per mode: mean return, decision latency p50/p99 (ms, escalation round trip included) and the fraction
 escalated. Goal: tiered within 5% of edge-only return with at most 20% escalated. Then the C export of the
 micro policy (`device._export_c`): nanoseconds per decision measured by its harness over many calls, against
 `NumpyExecutor` on the same policy in the same run, and the compiled code size (``size`` of the object file).
 
-Usage: ``python benchmarks/tiered_decisions.py [--quick] [--teacher FILE]``; the last output line is one JSON object.
+Usage: ``python benchmarks/tiered_decisions.py [--quick] [--teacher FILE] [--pendulum-teacher FILE]``; the last
+output line is one JSON object.
 """
 
 from __future__ import annotations
@@ -89,10 +96,11 @@ def teacher_model() -> bytes:
     return buf.getvalue()
 
 
-def episodes(controller: Any, n: int, seed: int) -> tuple[list[float], list[float], dict[str, int]]:
+def episodes(controller: Any, n: int, seed: int, env_id: str = "CartPole-v1"
+             ) -> tuple[list[float], list[float], dict[str, int]]:
     import gymnasium as gym
 
-    env = gym.make("CartPole-v1")
+    env = gym.make(env_id)
     returns, latencies, tiers = [], [], {"device": 0, "edge": 0, "device-fallback": 0}
     for ep in range(n):
         obs, _ = env.reset(seed=seed + ep)
@@ -144,10 +152,135 @@ def c_policy_figures(model: bytes, workdir: Path, calls: int) -> dict[str, Any]:
             "numpy_over_c": round(np_ns / c_ns, 1), "object_size": sizes}
 
 
+def run_modes(teacher: Any, results: dict[str, Any], thresholds: tuple[float, ...], *, env_id: str, url: str,
+              trust: Any, n_eps: int, budget_ms: float) -> dict[str, dict[str, Any]]:
+    """Device-only, edge-only and tiered@threshold for each distilled student, over the same seeded episodes."""
+    from device._device_run import DeviceConfig, DeviceRuntime
+    from edge._gateway import EdgeGateway, GatewayConfig
+    from edge._policy import OnnxPolicy
+
+    fleet = env_id.split("-")[0].lower()
+    rows: dict[str, dict[str, Any]] = {}
+    edge_policy = OnnxPolicy(teacher)
+    gateway = EdgeGateway(GatewayConfig(broker=url, fleet=fleet, node="edge-0"),
+                          policy_source=lambda: edge_policy, trust=trust).start()
+    try:
+        modes: list[tuple[str, dict[str, Any]]] = [("device-only", {"threshold": 0.0}),
+                                                   ("edge-only", {"threshold": 0.0, "stale_after_s": 0.0})]
+        modes += [(f"tiered@{t}", {"threshold": t}) for t in thresholds]
+        for student, result in results.items():
+            assert gateway.relay(result.bundle.to_bytes()), gateway.last_refusal
+            for name, extra in modes:
+                if name == "edge-only" and rows.get("edge-only") is not None:
+                    continue  # the edge policy does not depend on the student
+                config = DeviceConfig(broker=url, fleet=fleet, edge_node="edge-0", device_id=f"dev-{len(rows)}",
+                                      budget_ms=budget_ms, **extra)
+                with DeviceRuntime(config, trust=trust) as runtime:
+                    runtime.wait_for_policy(10)
+                    deadline = time.monotonic() + 10
+                    while runtime.bundle.manifest.policy != result.bundle.manifest.policy:  # type: ignore[union-attr]
+                        assert time.monotonic() < deadline, "the relayed bundle did not arrive"
+                        time.sleep(0.01)
+                    rets, lats, tiers = episodes(runtime.controller(), n_eps, seed=100, env_id=env_id)
+                total = sum(tiers.values())
+                key_name = name if name == "edge-only" else f"{student}/{name}"
+                rows[key_name] = {"mean_return": float(np.mean(rets)),
+                                  "latency_p50_ms": float(np.percentile(lats, 50)) * 1e3,
+                                  "latency_p99_ms": float(np.percentile(lats, 99)) * 1e3,
+                                  "escalated": (tiers["edge"] + tiers["device-fallback"]) / total,
+                                  "fallbacks": tiers["device-fallback"], "decisions": total}
+    finally:
+        gateway.close()
+    return rows
+
+
+def goal_met_by(rows: dict[str, dict[str, Any]]) -> list[str]:
+    """Tiered modes within 5% of edge-only return (either sign of return) with at most 20% escalated."""
+    edge = rows["edge-only"]["mean_return"]
+    return [n for n, r in rows.items() if "tiered" in n and r["escalated"] <= 0.2
+            and r["mean_return"] >= edge - 0.05 * abs(edge)]
+
+
+def print_table(rows: dict[str, dict[str, Any]]) -> None:
+    print(f"{'mode':<22}{'return':>9}{'p50 ms':>9}{'p99 ms':>9}{'escalated':>11}{'fallbacks':>11}")
+    for name, r in rows.items():
+        print(f"{name:<22}{r['mean_return']:>9.1f}{r['latency_p50_ms']:>9.3f}{r['latency_p99_ms']:>9.3f}"
+              f"{r['escalated']:>11.1%}{r['fallbacks']:>11}")
+
+
+def figures_of(rows: dict[str, dict[str, Any]], results: dict[str, Any]) -> dict[str, Any]:
+    """The JSON figures of one env: distillation, modes, tiered/edge return ratios and the goal."""
+    edge_return = rows["edge-only"]["mean_return"]
+    return {"distill": {n: {"kept": round(r.kept, 4), "student_return": r.student_return,
+                            "teacher_return": r.teacher_return, "student_params": r.student_params,
+                            "teacher_params": r.teacher_params} for n, r in results.items()},
+            "modes": {n: {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
+                      for n, r in rows.items()},
+            # Return ratio to edge-only; for negative returns (Pendulum) edge / tiered, so 1.0 = equal, < 1 = worse.
+            "tiered_over_edge_return": {n: round(r["mean_return"] / edge_return if edge_return > 0
+                                                 else edge_return / r["mean_return"], 4)
+                                        for n, r in rows.items() if "tiered" in n},
+            "goal_met_by": goal_met_by(rows)}
+
+
+def run_pendulum(args: argparse.Namespace, tmp: Path, key: Any, trust: Any, url: str, n_eps: int) -> dict[str, Any]:
+    """Pendulum-v1: a SAC teacher (trained here unless given), a distilled 1x16 micro policy, the modes."""
+    from cloud._distill import DistillConfig, distill
+    from device import Bundle
+
+    t0 = time.perf_counter()
+    if args.pendulum_teacher is not None:
+        teacher, teacher_steps = Bundle.from_bytes(args.pendulum_teacher.read_bytes()), None
+    else:
+        from cloud._sac import SACConfig, train_sac
+
+        teacher_steps = 2_500 if args.quick else 15_000
+        sac = train_sac(SACConfig(replay="local", eval_episodes=3 if args.quick else 10), env_id="Pendulum-v1",
+                        run_dir=tmp / "sac", seed=0, total_steps=teacher_steps, signing_key=key,
+                        policy="Pendulum-v1", log=lambda line: None)
+        assert sac.bundle is not None
+        teacher = sac.bundle
+    teacher_s = time.perf_counter() - t0
+    students: dict[str, DistillConfig] = {
+        # 1x16 tanh, DAgger; Pendulum's near-bang-bang teacher needs a longer fit than CartPole's (the defaults'
+        # 20 epochs at lr 3e-3 leave the student far behind): 6 iterations, 60 epochs, lr 1e-2.
+        "micro16": (DistillConfig(iterations=2, steps_per_iteration=1000, epochs=8, learning_rate=1e-2,
+                                  eval_episodes=3) if args.quick
+                    else DistillConfig(iterations=6, epochs=60, learning_rate=1e-2, eval_episodes=10)),
+    }
+    if not args.quick:
+        # The same 1x16 student with the default DistillConfig: under-fitted, so there is something to rescue.
+        students["default16"] = DistillConfig(eval_episodes=10)
+    t0 = time.perf_counter()
+    results = {name: distill(teacher, env_id="Pendulum-v1", signing_key=key, config=dconf, policy=f"pd-{name}")
+               for name, dconf in students.items()}
+    distill_s = time.perf_counter() - t0
+    thresholds = (0.5, 0.8) if args.quick else PENDULUM_THRESHOLDS
+    rows = run_modes(teacher, results, thresholds, env_id="Pendulum-v1", url=url, trust=trust, n_eps=n_eps,
+                     budget_ms=args.budget_ms)
+    print(f"Pendulum-v1: teacher SAC, {teacher_steps or 'given'} steps, {teacher_s:.1f} s; students distilled in "
+          f"{distill_s:.1f} s")
+    for name, r in results.items():
+        print(f"{name}: {r.student_params} weights vs teacher {r.teacher_params}; eval return "
+              f"{r.student_return:.1f} vs teacher {r.teacher_return:.1f} ({r.kept:.1%} kept)")
+    print_table(rows)
+    met = goal_met_by(rows)
+    print(f"Pendulum-v1 goal (tiered within 5% of edge-only return, <= 20% escalated): "
+          f"{'met by ' + ', '.join(met) if met else 'NOT met'}")
+    return {"teacher": "given" if teacher_steps is None else f"sac-{teacher_steps}-steps",
+            "teacher_wall_s": round(teacher_s, 1), "distill_wall_s": round(distill_s, 1), **figures_of(rows, results)}
+
+
+PENDULUM_THRESHOLDS = (0.3, 0.5, 0.7, 0.8, 0.9)
+"""Sweep of StateRegion confidence thresholds (escalate beyond radius / threshold)."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small budget (< 1 minute)")
     parser.add_argument("--teacher", type=Path, default=None, help="an exported CartPole-v1 bundle as edge policy")
+    parser.add_argument("--pendulum-teacher", type=Path, default=None,
+                        help="an exported Pendulum-v1 bundle as edge policy (skips training SAC)")
     parser.add_argument("--budget-ms", type=float, default=50.0, help="escalation latency budget")
     args = parser.parse_args()
 
@@ -155,9 +288,6 @@ def main() -> None:
 
     from cloud._distill import DistillConfig, distill
     from device import Bundle, TrustStore, build_bundle, generate_keypair, load_public_key, load_signing_key
-    from device._device_run import DeviceConfig, DeviceRuntime
-    from edge._gateway import EdgeGateway, GatewayConfig
-    from edge._policy import OnnxPolicy
 
     torch.set_num_threads(1)
     n_eps = 5 if args.quick else 20
@@ -188,36 +318,10 @@ def main() -> None:
     distill_s = time.perf_counter() - t0
 
     broker, url = start_mosquitto(tmp)
-    rows: dict[str, dict[str, Any]] = {}
     try:
-        edge_policy = OnnxPolicy(teacher)
-        gateway = EdgeGateway(GatewayConfig(broker=url, fleet="bench", node="edge-0"),
-                              policy_source=lambda: edge_policy, trust=trust).start()
-        modes: list[tuple[str, dict[str, Any]]] = [("device-only", {"threshold": 0.0}),
-                                                   ("edge-only", {"threshold": 0.0, "stale_after_s": 0.0})]
-        modes += [(f"tiered@{t}", {"threshold": t}) for t in thresholds]
-        for student, result in results.items():
-            assert gateway.relay(result.bundle.to_bytes()), gateway.last_refusal
-            for name, extra in modes:
-                if name == "edge-only" and rows.get("edge-only") is not None:
-                    continue  # the edge policy does not depend on the student
-                config = DeviceConfig(broker=url, fleet="bench", edge_node="edge-0", device_id=f"dev-{len(rows)}",
-                                      budget_ms=args.budget_ms, **extra)
-                with DeviceRuntime(config, trust=trust) as runtime:
-                    runtime.wait_for_policy(10)
-                    deadline = time.monotonic() + 10
-                    while runtime.bundle.manifest.policy != result.bundle.manifest.policy:  # type: ignore[union-attr]
-                        assert time.monotonic() < deadline, "the relayed bundle did not arrive"
-                        time.sleep(0.01)
-                    rets, lats, tiers = episodes(runtime.controller(), n_eps, seed=100)
-                total = sum(tiers.values())
-                key_name = name if name == "edge-only" else f"{student}/{name}"
-                rows[key_name] = {"mean_return": float(np.mean(rets)),
-                                  "latency_p50_ms": float(np.percentile(lats, 50)) * 1e3,
-                                  "latency_p99_ms": float(np.percentile(lats, 99)) * 1e3,
-                                  "escalated": (tiers["edge"] + tiers["device-fallback"]) / total,
-                                  "fallbacks": tiers["device-fallback"], "decisions": total}
-        gateway.close()
+        rows = run_modes(teacher, results, thresholds, env_id="CartPole-v1", url=url, trust=trust, n_eps=n_eps,
+                         budget_ms=args.budget_ms)
+        pendulum = run_pendulum(args, tmp, key, trust, url, n_eps)
     finally:
         broker.terminate()
         broker.wait()
@@ -226,30 +330,19 @@ def main() -> None:
     c_figs = c_policy_figures(result.bundle.model, tmp, 200_000 if args.quick else 2_000_000)
     shutil.rmtree(tmp, ignore_errors=True)
 
+    print("CartPole-v1:")
     for name, r in results.items():
         print(f"{name}: {r.student_params} weights vs teacher {r.teacher_params}; eval return "
               f"{r.student_return:.1f} vs teacher {r.teacher_return:.1f} ({r.kept:.1%} kept)")
     print(f"(both distilled in {distill_s:.1f} s)")
-    print(f"{'mode':<22}{'return':>9}{'p50 ms':>9}{'p99 ms':>9}{'escalated':>11}{'fallbacks':>11}")
-    for name, r in rows.items():
-        print(f"{name:<22}{r['mean_return']:>9.1f}{r['latency_p50_ms']:>9.3f}{r['latency_p99_ms']:>9.3f}"
-              f"{r['escalated']:>11.1%}{r['fallbacks']:>11}")
-    edge_return = rows["edge-only"]["mean_return"]
-    meeting = [n for n, r in rows.items() if "tiered" in n and r["escalated"] <= 0.2
-               and r["mean_return"] >= 0.95 * edge_return]
+    print_table(rows)
+    meeting = goal_met_by(rows)
     print(f"C policy: {c_figs}")
     verdict = "met by " + ", ".join(meeting) if meeting else "NOT met"
     print(f"goal (tiered within 5% of edge-only return, <= 20% escalated): {verdict}")
     figures = {"quick": args.quick, "episodes_per_mode": n_eps, "budget_ms": args.budget_ms,
-               "distill": {n: {"kept": round(r.kept, 4), "student_return": r.student_return,
-                               "teacher_return": r.teacher_return, "student_params": r.student_params,
-                               "teacher_params": r.teacher_params} for n, r in results.items()},
-               "distill_wall_s": round(distill_s, 1),
-               "modes": {n: {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
-                         for n, r in rows.items()},
-               "tiered_over_edge_return": {n: round(r["mean_return"] / edge_return, 4) for n, r in rows.items()
-                                           if "tiered" in n},
-               "goal_met_by": meeting, "c_policy": c_figs}
+               **figures_of(rows, results), "distill_wall_s": round(distill_s, 1), "c_policy": c_figs,
+               "pendulum": pendulum}
     print(json.dumps(figures, sort_keys=True))
 
 

@@ -13,7 +13,9 @@ Pipeline of `distill`:
 4. the student is exported with the same graph contract as every strata policy (`cloud._export`: input
    ``"obs"``, outputs ``"action"`` and ``"logits"``, the teacher's observation normalisation inside the graph),
    checked, optionally stored with fp16/int8 weights (`device.quantize_model`), and signed as a
-   ``target_tier="device"`` bundle;
+   ``target_tier="device"`` bundle whose manifest ``preprocessing["state_region"]`` records the region of the
+   aggregated training states (`device.StateRegion`: mean and whitening matrix), from which a device gives a Box
+   micro policy its confidence (an observation far outside it is escalated);
 5. student and teacher are evaluated on the same seeded episodes; `DistillResult.kept` is the fraction of the
    teacher's mean return the student keeps (the student runs in `device.NumpyExecutor`, as on a device).
 """
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from cloud._errors import CloudError
-from device import Bundle, ConfigError, SigningKey, build_bundle, quantize_model, require
+from device import Bundle, ConfigError, SigningKey, StateRegion, build_bundle, quantize_model, require
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -290,6 +292,7 @@ def distill(teacher: Bundle | Path, *, env_id: str | None = None, signing_key: S
                 f"loss {float(loss):.4f}")
 
     net.eval()
+    region = StateRegion.fit(np.concatenate(states))
     model = export_onnx(graph, obs_shape=obs_shape, action_space=action_space)
     verify_onnx(model, graph, obs_space=obs_space, action_space=action_space)
     model = quantize_model(model, config.weights)
@@ -312,7 +315,8 @@ def distill(teacher: Bundle | Path, *, env_id: str | None = None, signing_key: S
     bundle = build_bundle(
         model, policy=policy or f"{m.policy}-micro", version=version or m.version, parent_version=None,
         observation_space=obs_space, action_space=action_space,
-        preprocessing={**(m.preprocessing or {}), "in_graph": True, "distilled_from": m.policy},
+        preprocessing={**(m.preprocessing or {}), "in_graph": True, "distilled_from": m.policy,
+                       StateRegion.KEY: region.to_manifest()},
         signing_key=signing_key, target_tier="device", ttl_s=ttl_s,
         producer={"algo": "distill", "torch": torch.__version__, "teacher_policy": m.policy,
                   "teacher_version": str(m.version), "teacher_sha256": m.model_sha256, "env_id": env_id,

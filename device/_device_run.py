@@ -2,10 +2,13 @@
 
 Per decision (`TieredController.decide`):
 
-1. the micro policy (`NumpyExecutor`) computes its action and, for Discrete policies, a confidence from its
-   logits: ``margin`` (top-1 minus top-2 probability) or ``entropy`` (1 minus the normalised entropy);
+1. the micro policy (`NumpyExecutor`) computes its action and a confidence: for Discrete policies from its
+   logits, ``margin`` (top-1 minus top-2 probability) or ``entropy`` (1 minus the normalised entropy); for Box
+   policies (no logits) from the observation, `StateRegion.confidence`: how far the observation lies outside the
+   states the micro policy was distilled on (recorded by the distillation in the signed manifest); a Box bundle
+   without a recorded region has confidence 1;
 2. the observation is escalated when the confidence is under the threshold, or when the policy is stale
-   (older than ``stale_after_s``, or past its expiry); Box policies have no logits and escalate only when stale;
+   (older than ``stale_after_s``, or past its expiry);
 3. an escalation is one request to the edge with a correlation id; the device waits at most the latency budget
    for the reply, and on timeout (or when the edge has no answer or the link is down) uses its own action;
 4. every decision records the tier that decided it: ``device``, ``edge`` or ``device-fallback``.
@@ -26,7 +29,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
@@ -70,7 +73,8 @@ class DeviceConfig:
     confidence: Literal["margin", "entropy"] = "margin"
     """Confidence measure of a Discrete micro policy: probability margin or 1 - normalised entropy."""
     threshold: float = 0.5
-    """Escalate when the confidence is below this (0 never escalates for confidence)."""
+    """Escalate when the confidence is below this (0 never escalates for confidence); for Box policies the
+    confidence is the bundle's StateRegion (0.5 escalates observations twice as far out as a typical training state)."""
     budget_ms: float = 20.0
     """Latency budget of an escalation; past it the device acts on its own action."""
     stale_after_s: float | None = None
@@ -100,6 +104,117 @@ def confidence_of(logits: np.ndarray, measure: str) -> float:
         return float(top[1] - top[0])
     entropy = -float(np.sum(p * np.log(np.clip(p, 1e-12, None))))
     return 1.0 - entropy / math.log(z.size)
+
+
+REGION_KEY = "state_region"
+"""Key of the `StateRegion` in a device bundle manifest's ``preprocessing``."""
+
+
+@dataclass(frozen=True, eq=False)
+class StateRegion:
+    """The observations a micro policy was trained on, as an ellipsoid: an out-of-distribution confidence.
+
+    A continuous micro policy has no logits to be unsure with; what makes its action untrustworthy is an
+    observation unlike those it imitated its teacher on (supervised imitation is only accurate where it has
+    data). The region is the training states' mean and covariance; an observation's distance is its
+    Mahalanobis distance ``|W (obs - mean)|`` (``W`` the inverse Cholesky factor of the covariance, so the
+    distance is in units of the training spread along every direction, correlations included), and
+
+        confidence = 1                     if distance <= radius
+                   = radius / distance     otherwise,
+
+    with ``radius`` the median distance of the training states themselves. So a threshold ``t`` escalates an
+    observation ``1/t`` times further out than a typical training state (``t = 0.5``: twice the median).
+    It costs one ``d x d`` triangular matrix-vector product per decision, numpy only, and it is fitted on the
+    very states the student was fitted on, so it needs no extra data, network output or graph change.
+    """
+
+    KEY: ClassVar[str] = REGION_KEY
+    """Key of the region in a device bundle manifest's ``preprocessing``."""
+
+    mean: np.ndarray
+    """Mean training state, shape ``[d]`` (flattened observation)."""
+    whiten: np.ndarray
+    """Lower-triangular ``[d, d]`` inverse Cholesky factor of the training states' covariance."""
+    radius: float
+    """Median Mahalanobis distance of the training states."""
+    samples: int = 0
+    """Training states the region was fitted on."""
+
+    @classmethod
+    def fit(cls, states: np.ndarray) -> StateRegion:
+        """The region of `states` (``[n, *obs_shape]``, n >= 2).
+
+        The covariance gets a ridge of 1e-6 of its mean variance (plus 1e-12), so a feature constant in
+        training makes any change of it far out rather than a singular matrix.
+
+        Raises:
+            ConfigError: Fewer than two states, or non-finite values.
+        """
+        x = np.asarray(states, dtype=np.float64)
+        x = x.reshape(len(x), -1) if x.ndim > 1 else x.reshape(-1, 1)
+        if len(x) < 2 or not np.all(np.isfinite(x)):
+            raise ConfigError(f"StateRegion.fit: needs at least 2 finite states, got {len(x)} "
+                              f"({int(np.sum(~np.isfinite(x)))} non-finite values); collect more states")
+        mean = x.mean(axis=0)
+        cov = np.atleast_2d(np.cov(x, rowvar=False, bias=True))
+        ridge = 1e-6 * float(np.mean(np.diag(cov))) + 1e-12
+        chol = np.linalg.cholesky(cov + ridge * np.eye(len(mean)))
+        whiten = np.linalg.inv(chol)
+        distances = np.linalg.norm((x - mean) @ whiten.T, axis=1)
+        return cls(mean=mean, whiten=np.tril(whiten), radius=max(float(np.median(distances)), 1e-12),
+                   samples=len(x))
+
+    def distance(self, obs: np.ndarray) -> float:
+        """Mahalanobis distance of one observation from the training states."""
+        z = self.whiten @ (np.asarray(obs, dtype=np.float64).reshape(-1) - self.mean)
+        return float(np.sqrt(z @ z))
+
+    def confidence(self, obs: np.ndarray) -> float:
+        """``min(1, radius / distance)``, in (0, 1]; 0 for a non-finite observation."""
+        d = self.distance(obs)
+        if not math.isfinite(d):
+            return 0.0
+        return 1.0 if d <= self.radius else self.radius / d
+
+    def to_manifest(self) -> dict[str, Any]:
+        """JSON-ready form for a manifest's ``preprocessing[REGION_KEY]``."""
+        return {"kind": "mahalanobis", "mean": [float(v) for v in self.mean],
+                "whiten": [[float(v) for v in row] for row in self.whiten], "radius": float(self.radius),
+                "samples": int(self.samples)}
+
+    @classmethod
+    def from_manifest(cls, preprocessing: Mapping[str, Any] | None, *, dim: int) -> StateRegion | None:
+        """The region a manifest's ``preprocessing`` records, or None when it records none.
+
+        Raises:
+            ModelError: The recorded region is malformed or does not match the observation size `dim`.
+        """
+        spec = (preprocessing or {}).get(REGION_KEY)
+        if spec is None:
+            return None
+        try:
+            if spec["kind"] != "mahalanobis":
+                raise ValueError(f"kind {spec['kind']!r} is not 'mahalanobis'")
+            mean = np.asarray(spec["mean"], dtype=np.float64)
+            whiten = np.asarray(spec["whiten"], dtype=np.float64)
+            radius = float(spec["radius"])
+            if mean.shape != (dim,) or whiten.shape != (dim, dim):
+                raise ValueError(f"mean {mean.shape} / whiten {whiten.shape} do not match {dim} observation values")
+            if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(whiten)) and math.isfinite(radius)
+                    and radius > 0):
+                raise ValueError("non-finite values or a radius <= 0")
+            samples = int(spec.get("samples", 0))
+        except (TypeError, KeyError, ValueError) as exc:
+            raise ModelError(f"StateRegion.from_manifest: preprocessing[{REGION_KEY!r}] is malformed ({exc}); "
+                             "re-export the micro policy with `strata export --tier device`") from None
+        return cls(mean=mean, whiten=whiten, radius=radius, samples=samples)
+
+
+class Region(Protocol):
+    """What the controller asks for a Box policy's confidence: `StateRegion`'s ``confidence``."""
+
+    def confidence(self, obs: np.ndarray) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -139,6 +254,8 @@ class TieredController:
         escalate: ``escalate(obs, budget_s)`` returns the edge's reply, or None on timeout / no link.
         confidence: Measure used for Discrete policies.
         threshold: Escalate below this confidence.
+        region: Confidence of a Box policy (`StateRegion`); None gives Box policies confidence 1 (they
+            escalate only when stale). Not used for Discrete policies.
         budget_ms: Latency budget handed to `escalate`.
         is_stale: Whether the running policy is stale now.
         clock: Monotonic clock.
@@ -146,8 +263,8 @@ class TieredController:
 
     def __init__(self, executor: MicroPolicy, *, discrete: bool, escalate: Escalate, confidence: str = "margin",
                  threshold: float = 0.5, budget_ms: float = 20.0, is_stale: Callable[[], bool] = lambda: False,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        self.executor, self.discrete, self.escalate = executor, discrete, escalate
+                 clock: Callable[[], float] = time.perf_counter, region: Region | None = None) -> None:
+        self.executor, self.discrete, self.escalate, self.region = executor, discrete, escalate, region
         self.measure, self.threshold, self.budget_s = confidence, threshold, budget_ms / 1000.0
         self.is_stale, self.clock = is_stale, clock
 
@@ -161,7 +278,7 @@ class TieredController:
             conf = confidence_of(out["logits"][0], self.measure)
         else:
             own = self.executor.act(x)[0]
-            conf = 1.0
+            conf = 1.0 if self.region is None else self.region.confidence(x[0])
         stale = self.is_stale()
         if not stale and conf >= self.threshold:
             return Decision(own, "device", "confident", conf, self.clock() - start)
@@ -242,6 +359,7 @@ class DeviceRuntime:
         self._policy_ready = threading.Condition(self._lock)
         self.bundle: Bundle | None = None
         self.executor: NumpyExecutor | None = None
+        self.region: StateRegion | None = None
         self.refused: list[str] = []
         self._pending: dict[str, tuple[threading.Event, list[EscalationReply]]] = {}
         self._ids = itertools.count(1)
@@ -340,13 +458,15 @@ class DeviceRuntime:
         try:
             bundle = self.verifier.verify(data, allow_current=current is None)
             executor = NumpyExecutor.from_bundle(bundle)
+            dim = math.prod(int(d) for d in bundle.manifest.observation_space.get("shape", ()))
+            region = StateRegion.from_manifest(bundle.manifest.preprocessing, dim=dim)
         except (BundleError, ModelError) as exc:
             with self._lock:
                 self.refused.append(str(exc))
             return False
         self.verifier.accept(bundle)
         with self._lock:
-            self.bundle, self.executor = bundle, executor
+            self.bundle, self.executor, self.region = bundle, executor, region
             self._policy_ready.notify_all()
         return True
 
@@ -402,13 +522,14 @@ class DeviceRuntime:
         if self.bundle is None or self.executor is None:
             raise DeviceRunError("DeviceRuntime.controller: no micro policy is installed yet; call wait_for_policy")
         c = self.config
-        return TieredController(_Installed(self), discrete=self.bundle.manifest.action_space.get("type") == "Discrete",
+        installed = _Installed(self)
+        return TieredController(installed, discrete=self.bundle.manifest.action_space.get("type") == "Discrete",
                                 escalate=self.escalate, confidence=c.confidence, threshold=c.threshold,
-                                budget_ms=c.budget_ms, is_stale=self.is_stale)
+                                budget_ms=c.budget_ms, is_stale=self.is_stale, region=installed)
 
 
 class _Installed:
-    """The runtime's installed executor at call time, so a policy update applies from the next decision."""
+    """The runtime's installed executor and region at call time, so a policy update applies from the next decision."""
 
     def __init__(self, runtime: DeviceRuntime) -> None:
         self._runtime = runtime
@@ -424,6 +545,10 @@ class _Installed:
 
     def act(self, obs: Any) -> np.ndarray:
         return self._executor().act(obs)
+
+    def confidence(self, obs: np.ndarray) -> float:
+        region = self._runtime.region
+        return 1.0 if region is None else region.confidence(obs)
 
 
 def run_device(runtime: DeviceRuntime, env: Any, *, steps: int, seed: int = 0,
