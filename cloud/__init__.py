@@ -1,6 +1,7 @@
 """strata's cloud tier: learners, parameter server, exporter, rollout sources, switcher and the CLI."""
 
 from cloud._colocated import ColocatedConfig, PoolCounters, SharedMemoryVectorEnv
+from cloud._control import ControlClient, ControlError, SwitchRefused, list_runs
 from cloud._decoupled import DecoupledError, FragmentSource, StalenessGate, make_decoupled_vector_env, start_services
 from cloud._distill import DistillConfig, DistillError, DistillResult, distill
 from cloud._envs import make_vector_env
@@ -10,10 +11,14 @@ from cloud._ppo import PPOConfig
 from cloud._replay import Replay, ReplayConfig, ReplayError, ReplayTable, make_replay, start_replay_server
 from cloud._sac import SACConfig, SACResult, SACTrainer, train_sac
 from cloud._serverless import ServerlessConfig, ServerlessError, ServerlessRolloutSource, make_serverless_source
+from cloud._switcher import RolloutSource, Switcher, SwitchError, SwitchEvent, SwitchRules
+from cloud._switching import SwitchingConfig
 from cloud._train import TrainResult, train
 
 __all__ = [
     "ColocatedConfig",
+    "ControlClient",
+    "ControlError",
     "DecoupledError",
     "DistillConfig",
     "DistillError",
@@ -29,6 +34,7 @@ __all__ = [
     "ReplayConfig",
     "ReplayError",
     "ReplayTable",
+    "RolloutSource",
     "SACConfig",
     "SACResult",
     "SACTrainer",
@@ -37,9 +43,16 @@ __all__ = [
     "ServerlessRolloutSource",
     "SharedMemoryVectorEnv",
     "StalenessGate",
+    "SwitchError",
+    "SwitchEvent",
+    "SwitchRefused",
+    "SwitchRules",
+    "Switcher",
+    "SwitchingConfig",
     "TrainResult",
     "distill",
     "export_run",
+    "list_runs",
     "make_decoupled_vector_env",
     "make_replay",
     "make_serverless_source",
