@@ -1,4 +1,4 @@
-"""Micro-policy distillation: a 16-unit student keeps the teacher's CartPole return, as a device-tier bundle."""
+"""Micro-policy distillation: a 1x16 student keeps its teacher's return as a device-tier bundle, with its region."""
 
 from __future__ import annotations
 
@@ -135,3 +135,37 @@ def test_strata_export_tier_device_smoke(tmp_path: Path) -> None:
     assert "kept)" in exported.stdout and "iteration 4/4" in exported.stdout
     bundle = Bundle.from_bytes(out.read_bytes())
     assert bundle.manifest.producer["weights"] == "fp16" and bundle.manifest.target_tier == "device"
+
+
+def test_a_box_micro_policy_records_the_region_it_was_trained_on(tmp_path: Path) -> None:
+    """Pendulum-v1 (continuous action): the micro bundle's signed manifest carries a StateRegion of its states."""
+    import torch
+
+    from device import StateRegion
+    from tests.device._models import export
+
+    class Damper(torch.nn.Module):
+        """torque = clip(-2 sin(theta) - thetadot, -2, 2): a fixed controller as the teacher."""
+
+        def forward(self, obs: torch.Tensor) -> object:
+            return torch.clamp(-2.0 * obs[:, 1:2] - obs[:, 2:3], -2.0, 2.0)
+
+    torch.set_num_threads(1)
+    generate_keypair(tmp_path / "keys")
+    key = load_key(tmp_path / "keys" / "strata-signing.key")
+    teacher = build_bundle(export(Damper().eval(), (torch.zeros(1, 3),), ["action"]), policy="Pendulum-v1",
+                           version=1, parent_version=None,
+                           observation_space={"type": "Box", "shape": [3], "dtype": "float32",
+                                              "low": [-1.0, -1.0, -8.0], "high": [1.0, 1.0, 8.0]},
+                           action_space={"type": "Box", "shape": [1], "dtype": "float32", "low": [-2.0],
+                                         "high": [2.0]},
+                           signing_key=key, target_tier="edge", output_names=("action",))
+    config = DistillConfig(iterations=2, steps_per_iteration=400, epochs=2, eval_episodes=1)
+    result = distill(teacher, env_id="Pendulum-v1", signing_key=key, config=config)
+    region = StateRegion.from_manifest(result.bundle.manifest.preprocessing, dim=3)
+    assert region is not None and region.samples == result.samples == 800
+    assert np.all(np.abs(region.mean[:2]) <= 1.0)
+    assert region.confidence(region.mean) == 1.0
+    assert region.confidence(np.array([1.0, 0.0, 40.0])) < 0.5  # spinning far faster than any training state
+    out = NumpyExecutor.from_bundle(result.bundle).act(np.zeros((2, 3), np.float32))
+    assert out.shape == (2, 1) and np.all(np.abs(out) <= 2.0)
