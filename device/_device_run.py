@@ -73,8 +73,7 @@ class DeviceConfig:
     confidence: Literal["margin", "entropy"] = "margin"
     """Confidence measure of a Discrete micro policy: probability margin or 1 - normalised entropy."""
     threshold: float = 0.5
-    """Escalate when the confidence is below this (0 never escalates for confidence); for Box policies the
-    confidence is the bundle's StateRegion (0.5 escalates observations twice as far out as a typical training state)."""
+    """Escalate when the confidence is below this (0 never escalates for confidence)."""
     budget_ms: float = 20.0
     """Latency budget of an escalation; past it the device acts on its own action."""
     stale_after_s: float | None = None

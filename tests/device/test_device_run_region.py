@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -110,7 +112,7 @@ def test_discrete_decisions_ignore_the_region() -> None:
         assert (a.tier, a.reason, a.action, a.confidence) == (b.tier, b.reason, b.action, b.confidence)
 
 
-def _box_bundle(key_dir: Path, *, version: int, preprocessing: dict[str, object] | None) -> bytes:
+def _box_bundle(key_dir: Path, *, version: int, preprocessing: Mapping[str, Any] | None) -> bytes:
     if not (key_dir / "strata-signing.key").exists():
         generate_keypair(key_dir)
     return build_bundle(mlp_policy(n_actions=None, act_dim=2, hidden=(16,)), policy="micro-box", version=version,
