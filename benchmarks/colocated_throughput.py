@@ -260,11 +260,44 @@ def inference_rates(k: int, model: bytes, repeats: int, window_s: float) -> dict
     return out
 
 
+def ppo_solve_times(seeds: tuple[int, ...], budget: int) -> dict[str, Any]:
+    """Wall-clock and env steps for strata PPO to solve CartPole-v1 fed by the pool vs by in-process envs.
+
+    Same seeds, same default PPOConfig (8 envs), same stopping rule as benchmarks/learning_speed.py (the mean of
+    the last 20 training episodes first reaches 475); modes interleaved per seed so load drift hits both.
+    """
+    import tempfile
+    from pathlib import Path
+
+    from cloud._ppo import PPOConfig
+    from cloud._train import train
+
+    out: dict[str, Any] = {}
+    for mode in ("sync", "colocated"):
+        out[mode] = {"wall_s": [], "steps": []}
+    for seed in seeds:
+        for mode in ("sync", "colocated"):
+            with tempfile.TemporaryDirectory() as tmp:
+                r = train(env_id="CartPole-v1", total_steps=budget, run_dir=Path(tmp), seed=seed,
+                          config=PPOConfig(env_mode=mode), target_return=475.0, log=lambda _: None)
+            solved = r.solved_at_s is not None
+            out[mode]["wall_s"].append(round(r.solved_at_s if solved else r.wall_s, 2))
+            out[mode]["steps"].append(r.solved_at_step if solved else None)
+            print(f"PPO CartPole-v1 seed {seed} {mode:9s}: solved at {r.solved_at_step} steps in "
+                  f"{out[mode]['wall_s'][-1]:.1f} s", flush=True)
+    for mode in out:
+        out[mode]["median_wall_s"] = float(np.median(out[mode]["wall_s"]))
+    out["colocated_over_sync_wall"] = out["colocated"]["median_wall_s"] / out["sync"]["median_wall_s"]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer configurations and shorter windows (< 1 minute)")
     parser.add_argument("--repeats", type=int, default=None, help="timed windows per figure (default 5, quick 3)")
     parser.add_argument("--window", type=float, default=None, help="seconds per timed window (default 1.0, quick 0.2)")
+    parser.add_argument("--ppo-seeds", type=int, default=None,
+                        help="seeds of the PPO wall-clock comparison (default 3, quick 1; 0 skips it)")
     args = parser.parse_args()
     repeats = args.repeats or (3 if args.quick else 5)
     window = args.window or (0.2 if args.quick else 1.0)
@@ -340,6 +373,12 @@ def main() -> None:
         print(f"{'inference CartPole MLP':26s} 2x{k:<3d} " + "  ".join(f"{n} {r:>10,.0f}" for n, r in inf.items()),
               flush=True)
 
+    ppo_seeds = args.ppo_seeds if args.ppo_seeds is not None else (1 if args.quick else 3)
+    ppo = ppo_solve_times(tuple(range(ppo_seeds)), budget=150_000) if ppo_seeds else None
+    if ppo:
+        print(f"PPO solve wall-clock median: sync {ppo['sync']['median_wall_s']:.1f} s, colocated "
+              f"{ppo['colocated']['median_wall_s']:.1f} s, ratio {ppo['colocated_over_sync_wall']:.2f}", flush=True)
+
     goals: dict[str, Any] = {}
     if "CartPole-v1/1/strata_vs_async" in ratios:
         goals["cartpole_1_per_worker_vs_async>=3"] = ratios["CartPole-v1/1/strata_vs_async"]
@@ -353,7 +392,7 @@ def main() -> None:
     print(json.dumps({"benchmark": "colocated_throughput", "quick": args.quick, "load_avg": load[0],
                       "steps_per_s": {k: round(v) for k, v in figures.items()},
                       "ratios": {k: round(v, 3) for k, v in ratios.items()},
-                      "goals": {k: round(v, 3) for k, v in goals.items()}}))
+                      "goals": {k: round(v, 3) for k, v in goals.items()}, "ppo_solve": ppo}))
 
 
 if __name__ == "__main__":
