@@ -145,6 +145,9 @@ def child(args: argparse.Namespace) -> None:
             while not all(v in a.counters.first_act_at for a in agents) and time.monotonic() < deadline:
                 time.sleep(0.002)
             print(json.dumps({"acts": [a.counters.first_act_at.get(v) for a in agents]}), flush=True)
+        elif cmd == "stages":
+            print(json.dumps({"stages": [{str(k): v for k, v in a.counters.update_stages.items()} for a in agents]}),
+                  flush=True)
         elif cmd == "quit":
             break
     for a in agents:
@@ -212,6 +215,14 @@ def propagation(n_agents: int, n_procs: int, rounds: int, tmp: Path) -> dict[str
                 missing += sum(t is None for t in acts)
                 prop += [t - t0 for t in acts if t is not None]
             raw.close()
+            time.sleep(0.5)  # the last version's cache writes (after acting) finish
+            per_stage: dict[str, list[float]] = {}
+            for reply in ask("stages"):
+                for traced in reply["stages"]:
+                    for version, stages in traced.items():
+                        if int(version) >= 2:
+                            for name, value in stages.items():
+                                per_stage.setdefault(name, []).append(value)
             for c in children:
                 assert c.stdin is not None
                 c.stdin.write("quit\n")
@@ -228,7 +239,9 @@ def propagation(n_agents: int, n_procs: int, rounds: int, tmp: Path) -> dict[str
     return {"agents": n_agents, "processes": n_procs, "rounds": rounds, "bundle_bytes": size, "missing": missing,
             "floor_p50_ms": _pct(floor, 50) * ms, "floor_p99_ms": _pct(floor, 99) * ms,
             "floor_max_ms": max(floor) * ms, "prop_p50_ms": _pct(prop, 50) * ms, "prop_p99_ms": _pct(prop, 99) * ms,
-            "prop_max_ms": max(prop) * ms}
+            "prop_max_ms": max(prop) * ms,
+            "stages_ms": {name: {"p50": round(_pct(v, 50), 3), "p99": round(_pct(v, 99), 3), "max": round(max(v), 3)}
+                          for name, v in per_stage.items()}}
 
 
 def inference_overhead(calls: int, spaced_calls: int) -> dict[str, float]:
@@ -301,6 +314,9 @@ def main() -> None:
     print(f"{'raw MQTT floor':28s}{prop['floor_p50_ms']:10.2f}{prop['floor_p99_ms']:10.2f}{prop['floor_max_ms']:10.2f}")
     print(f"{'publish -> agent acting':28s}{prop['prop_p50_ms']:10.2f}{prop['prop_p99_ms']:10.2f}"
           f"{prop['prop_max_ms']:10.2f}")
+    print(f"{'per-agent update stage':28s}{'p50 ms':>10s}{'p99 ms':>10s}{'max ms':>10s}")
+    for name, q in prop["stages_ms"].items():
+        print(f"{'  ' + name:28s}{q['p50']:10.2f}{q['p99']:10.2f}{q['max']:10.2f}")
     verdict = "met" if prop["prop_p99_ms"] <= goal_ms else "NOT met"
     print(f"goal p99 <= 2 x floor p99 + 20 ms = {goal_ms:.1f} ms: {verdict}")
     print(f"{'inference':28s}{'bare us':>10s}{'agent us':>10s}{'overhead':>10s}")

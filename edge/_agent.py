@@ -35,7 +35,7 @@ from edge._errors import CacheError, EdgeConfigError, PayloadError
 from edge._gateway import EdgeGateway, GatewayConfig
 from edge._mqtt import LinkConfig, MqttLink
 from edge._outbox import Outbox, OutboxConfig
-from edge._policy import HealthConfig, HealthReport, OnnxPolicy, check_policy
+from edge._policy import HealthChecker, HealthConfig, HealthReport, OnnxPolicy
 from edge._topics import (
     Announcement,
     Chunk,
@@ -53,6 +53,7 @@ log = logging.getLogger("strata.edge.agent")
 
 MAX_EPISODES_PER_RECORD = 200
 MAX_LATENCIES = 100_000
+MAX_TRACED_UPDATES = 64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +156,11 @@ class AgentCounters:
     experience_records: int = 0
     first_act_at: dict[int, float] = field(default_factory=dict)
     """Unix time of the first decision made with each policy version."""
+    update_stages: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Milliseconds each stage of an update took, per installed version: ``queued`` (received until the
+    updater took it), ``verify``, the health check's own stages (``health_*``), ``install``, ``first_act``
+    (installed until the first decision with it), ``persist`` (the A/B cache writes after acting) and
+    ``critical_cpu`` (CPU time of the updater thread from taking the bundle until installing it)."""
 
 
 class EdgeAgent:
@@ -167,6 +173,7 @@ class EdgeAgent:
         self.topics = FleetTopics(config.fleet)
         self._clock = clock
         self._make_env = make_env or self._default_env
+        self._checker = HealthChecker(self._make_env, config.health())
         trust = TrustStore([load_public_key(p) for p in config.trust])
         self.cache = PolicyCache(Path(config.cache_dir), trust=trust, tier="edge", clock=clock, on_phase=on_phase)
         self.outbox = Outbox(Path(config.cache_dir) / "outbox.sqlite",
@@ -176,7 +183,7 @@ class EdgeAgent:
         self._policy: OnnxPolicy | None = None
         self._policy_sha: str | None = None
         self._follow: str | None = config.policy
-        self._inbox: dict[str, bytes] = {}
+        self._inbox: dict[str, tuple[bytes, float]] = {}
         self._inbox_cond = threading.Condition()
         self._assembler = ChunkAssembler()
         self._stop = threading.Event()
@@ -189,6 +196,7 @@ class EdgeAgent:
         """The device gateway, when `serve_devices` is set."""
         self._lock = threading.Lock()
         self._last_report: tuple[float | None, float | None, int | None] = (None, None, None)
+        self._installed_at = time.perf_counter()
 
     def _default_env(self) -> Any:
         gym = require("gymnasium", extra="edge", purpose="the edge simulators")
@@ -338,7 +346,7 @@ class EdgeAgent:
         if not payload:  # a cleared retained message
             return
         with self._inbox_cond:
-            self._inbox[topic] = payload
+            self._inbox[topic] = (payload, time.perf_counter())
             self._inbox_cond.notify()
 
     def _follow_policy(self, policy: str) -> None:
@@ -351,6 +359,10 @@ class EdgeAgent:
     # ------------------------------------------------------------------------------------------ updater thread
 
     def _updater(self) -> None:
+        try:  # read the simulator's spaces for the health check now, not on the first update's path
+            self._checker.prepare()
+        except Exception as exc:  # the first check tries again and reports it
+            log.warning("%s: cannot make the simulator for health checks yet: %s", self.config.node_id, exc)
         while not self._stop.is_set():
             with self._inbox_cond:
                 while not self._inbox and not self._stop.is_set():
@@ -359,11 +371,11 @@ class EdgeAgent:
                         self._note_error(f"chunked bundle {ann.policy} v{ann.version} timed out incomplete")
                 items = sorted(self._inbox.items(), key=lambda kv: "/chunks/" in kv[0])  # latest before chunks
                 self._inbox.clear()
-            for topic, payload in items:
+            for topic, (payload, received) in items:
                 if self._stop.is_set():
                     return
                 try:
-                    self._handle(topic, payload)
+                    self._handle(topic, payload, received)
                 except PayloadError as exc:
                     self.counters.malformed += 1
                     self._note_error(str(exc))
@@ -379,7 +391,7 @@ class EdgeAgent:
         self._status_dirty.set()
         self._sender_wake.set()
 
-    def _handle(self, topic: str, payload: bytes) -> None:
+    def _handle(self, topic: str, payload: bytes, received: float) -> None:
         follow = self._follow
         if follow is not None and topic == self.topics.policy_latest(follow):
             if is_json_payload(payload):
@@ -396,7 +408,7 @@ class EdgeAgent:
                     for index in self._assembler.missing(ann.policy):
                         self.link.resubscribe(self.topics.policy_chunk(ann.policy, index))
                 return
-            self._consider(payload)
+            self._consider(payload, received)
             return
         if follow is not None and topic.startswith(f"{self.topics.root}/policies/{follow}/chunks/"):
             data = self._assembler.add(topic, Chunk.decode(topic, payload))
@@ -405,9 +417,10 @@ class EdgeAgent:
                     total = Chunk.decode(topic, payload).total
                     for index in range(total):
                         self.link.unsubscribe(self.topics.policy_chunk(follow, index))
-                self._consider(data)
+                self._consider(data, received)
 
-    def _consider(self, data: bytes) -> None:
+    def _consider(self, data: bytes, received: float) -> None:
+        picked, cpu_picked = time.perf_counter(), time.thread_time()
         sha = hashlib.sha256(data).hexdigest()
         if sha == self._policy_sha:
             return
@@ -422,7 +435,8 @@ class EdgeAgent:
             return
         if self.cache.is_rejected(bundle):
             return
-        policy, report = check_policy(bundle, self._make_env, self.config.health())
+        verified = time.perf_counter()
+        policy, report = self._checker.check(bundle)
         if policy is None:
             self.cache.stage(bundle)
             self.cache.discard(report.reason)
@@ -430,31 +444,44 @@ class EdgeAgent:
             self._note_error(f"health check of {bundle.policy} v{bundle.version} failed: {report.reason}; "
                              f"still running v{self.version}")
             return
+        checked = time.perf_counter()
         # Act on the new policy at once, then make it durable: write the inactive slot, fsync, swap the pointer.
         # A crash in between restarts on the previous committed policy, and the retained latest brings this
         # one again; the fsyncs (~10-30 ms on a VM disk) stay off the propagation path.
         previous = self._policy, self._policy_sha
-        self._install(policy, bundle, report)
+        stages = {"queued": picked - received, "verify": verified - picked,
+                  **{f"health_{k}": v for k, v in report.stages.items()}}
+        self._installed_at = time.perf_counter()
+        self._install(policy, bundle, report, sha=sha)
+        installed = time.perf_counter()
+        stages["critical_cpu"] = time.thread_time() - cpu_picked
         try:
-            self.cache.stage(bundle)
+            self.cache.stage(bundle, data=data)
             self.cache.commit()
         except Exception:
             with self._lock:
                 self._policy, self._policy_sha = previous
             raise
+        stages.update(install=installed - checked, persist=time.perf_counter() - installed)
+        with self._lock:
+            traced = self.counters.update_stages
+            traced.setdefault(bundle.version, {}).update({k: v * 1000 for k, v in stages.items()})
+            while len(traced) > MAX_TRACED_UPDATES:
+                del traced[min(traced)]
 
-    def _install(self, policy: OnnxPolicy, bundle: Bundle, report: HealthReport | None = None) -> None:
+    def _install(self, policy: OnnxPolicy, bundle: Bundle, report: HealthReport | None = None, *,
+                 sha: str | None = None) -> None:
         with self._lock:
             self._policy = policy
-            self._policy_sha = hashlib.sha256(bundle.to_bytes()).hexdigest()
+            self._policy_sha = sha or hashlib.sha256(bundle.to_bytes()).hexdigest()
             self.counters.updates += 1
+        self._wake.set()  # the simulator acts on it now; the rest is bookkeeping
         if self.link is not None:
             self.link.set_will(self.topics.node(self.config.node_id, "status"), self._will_payload())
         if report is not None:
             self.last_error = None
             log.info("%s: now running %s v%d (health check %.1f ms)", self.config.node_id, policy.policy,
                      policy.version, report.seconds * 1000)
-        self._wake.set()
         self._status_dirty.set()
         self._sender_wake.set()
 
@@ -516,6 +543,9 @@ class EdgeAgent:
                 version = policy.version
                 if version not in self.counters.first_act_at:
                     self.counters.first_act_at[version] = self._clock()
+                    with self._lock:
+                        self.counters.update_stages.setdefault(version, {})["first_act"] = (
+                            time.perf_counter() - self._installed_at) * 1000
                 if len(latencies) < MAX_LATENCIES:
                     latencies.append(latency)
                 by_version[version] = by_version.get(version, 0) + 1

@@ -89,6 +89,7 @@ class PolicyCache:
         self._on_phase = on_phase
         self._pointer: Pointer | None = None
         self._staged: tuple[Slot, Bundle] | None = None
+        self._rejected_cache: dict[str, str] | None = None
         self.events: list[str] = []
 
     # ------------------------------------------------------------------------------------------ paths
@@ -188,18 +189,27 @@ class PolicyCache:
         return f"{bundle.policy}:{bundle.version}:{bundle.manifest.model_sha256}" in self._rejected()
 
     def _rejected(self) -> dict[str, str]:
-        try:
-            obj = json.loads((self.root / "rejected.json").read_bytes())
-            return {str(k): str(v) for k, v in obj.items()} if isinstance(obj, dict) else {}
-        except (OSError, ValueError):
-            return {}
+        if self._rejected_cache is None:  # read once; `discard` keeps the copy and the file in step
+            try:
+                obj = json.loads((self.root / "rejected.json").read_bytes())
+                found = {str(k): str(v) for k, v in obj.items()} if isinstance(obj, dict) else {}
+            except (OSError, ValueError):
+                found = {}
+            self._rejected_cache = found
+        return dict(self._rejected_cache)
 
-    def stage(self, bundle: Bundle) -> Slot:
-        """Write `bundle` into the inactive slot (the active one is untouched)."""
+    def stage(self, bundle: Bundle, *, data: bytes | None = None) -> Slot:
+        """Write `bundle` into the inactive slot (the active one is untouched).
+
+        Args:
+            bundle: The verified bundle.
+            data: The exact bytes `bundle` was verified from, written as they are (saves encoding it again);
+                None encodes `bundle`.
+        """
         active = self._pointer.active if self._pointer else None
         slot: Slot = "b" if active == "a" else "a"
         try:
-            write_atomic(self.slot_path(slot), bundle.to_bytes())
+            write_atomic(self.slot_path(slot), bundle.to_bytes() if data is None else data)
         except OSError as exc:
             raise CacheError(f"PolicyCache.stage: cannot write {self.slot_path(slot)}: {exc}; "
                              "check the cache folder's free space and permissions") from exc
@@ -227,7 +237,9 @@ class PolicyCache:
         _, bundle = self._staged
         rejected = self._rejected()
         rejected[f"{bundle.policy}:{bundle.version}:{bundle.manifest.model_sha256}"] = reason[:500]
-        write_atomic(self.root / "rejected.json", json.dumps(dict(list(rejected.items())[-MAX_REJECTED:])).encode())
+        kept = dict(list(rejected.items())[-MAX_REJECTED:])
+        write_atomic(self.root / "rejected.json", json.dumps(kept).encode())
+        self._rejected_cache = kept
         self._staged = None
         self._phase("discarded", bundle)
 

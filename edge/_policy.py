@@ -8,9 +8,10 @@ latency must be within budget, and, optionally, it must reach a minimum return o
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -55,8 +56,9 @@ class HealthConfig:
 
     deadline_s: float = 10.0
     """The whole check must finish within this many seconds, else the policy fails."""
-    probe_calls: int = 32
-    """Single-observation inferences timed for the latency check."""
+    probe_calls: int = 16
+    """Single-observation inferences timed for the latency check (their p99 is in effect their maximum
+    from about 10 calls on, so more calls add time, not strictness)."""
     latency_budget_ms: float = 20.0
     """p99 latency of one inference must stay within this (loose: shared machines stall)."""
     min_return: float | None = None
@@ -82,17 +84,26 @@ class HealthReport:
     latency_p99_us: float | None = None
     mean_return: float | None = None
     seconds: float = 0.0
+    stages: dict[str, float] = field(default_factory=dict)
+    """Seconds each stage took: ``load``, ``spaces``, ``outputs``, ``latency`` and, when checked, ``return``."""
 
 
 class _Failed(Exception):
     pass
 
 
-def _same_space(manifest_space: dict[str, Any], env_space: Any) -> str | None:
-    try:
-        env_json = space_to_json(env_space)
-    except ValueError as exc:
-        return f"the simulator's space {env_space} has no bundle form ({exc})"
+def _percentile(values: list[float], q: float) -> float:
+    """``np.percentile(values, q)`` (linear interpolation) without numpy's overhead on a few values."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def _space_problem(manifest_space: dict[str, Any], env_json: dict[str, Any] | str) -> str | None:
+    if isinstance(env_json, str):  # the simulator's space has no bundle form
+        return env_json
     if manifest_space.get("type") != env_json["type"]:
         return f"space type {manifest_space.get('type')} does not match the simulator's {env_json['type']}"
     key = "n" if env_json["type"] == "Discrete" else "shape"
@@ -101,72 +112,152 @@ def _same_space(manifest_space: dict[str, Any], env_space: Any) -> str | None:
     return None
 
 
-def check_policy(bundle: Bundle, make_env: Callable[[], Any], config: HealthConfig, *,
-                 clock: Callable[[], float] = time.perf_counter) -> tuple[OnnxPolicy | None, HealthReport]:
-    """Run the health check; return the loaded policy (None when it failed) and the report."""
-    started = clock()
-
-    def left(step: str) -> None:
-        if clock() - started > config.deadline_s:
-            raise _Failed(f"deadline of {config.deadline_s}s passed during {step}")
-
-    p99: float | None = None
-    mean_return: float | None = None
-    env = None
+def _space_json(env_space: Any) -> dict[str, Any] | str:
     try:
-        m = bundle.manifest
+        return space_to_json(env_space)
+    except ValueError as exc:
+        return f"the simulator's space {env_space} has no bundle form ({exc})"
+
+
+@dataclass(frozen=True)
+class _Simulator:
+    """What the health check needs to know about the local simulator; the same for every bundle."""
+
+    observation_json: dict[str, Any] | str
+    action_json: dict[str, Any] | str
+    observation_shape: list[int]
+    action_space: Any
+    probe: np.ndarray
+    """8 observations sampled from the observation space (seed 0), float32."""
+    first_obs: np.ndarray
+    """The observation of ``reset(seed=0)``, float32."""
+
+
+class HealthChecker:
+    """The health check (see `check_policy`) bound to one simulator, for a node that checks many bundles.
+
+    The simulator's spaces, 8 probe observations sampled from its observation space (seed 0) and its first
+    observation after ``reset(seed=0)`` do not depend on the bundle: they are read from one env, once, on
+    the first check, instead of making an env per bundle. Every bundle still passes every check against
+    them; an env is made per bundle only for the `min_return` episodes.
+
+    Args:
+        make_env: Makes the local simulator (a gymnasium env).
+        config: What a new policy must show.
+    """
+
+    def __init__(self, make_env: Callable[[], Any], config: HealthConfig) -> None:
+        self.make_env = make_env
+        self.config = config
+        self._simulator: _Simulator | None = None
+
+    def prepare(self) -> None:
+        """Read the simulator now (an env is made and closed), so the first check does not have to."""
+        self._read_simulator()
+
+    def _read_simulator(self) -> _Simulator:
+        if self._simulator is None:
+            env = self.make_env()
+            try:
+                env.observation_space.seed(0)
+                probe = np.stack([np.asarray(env.observation_space.sample(), dtype=np.float32) for _ in range(8)])
+                obs, _ = env.reset(seed=0)
+                self._simulator = _Simulator(
+                    observation_json=_space_json(env.observation_space), action_json=_space_json(env.action_space),
+                    observation_shape=list(env.observation_space.shape), action_space=env.action_space,
+                    probe=probe, first_obs=np.asarray(obs, dtype=np.float32))
+            finally:
+                env.close()
+        return self._simulator
+
+    def check(self, bundle: Bundle, *, clock: Callable[[], float] = time.perf_counter
+              ) -> tuple[OnnxPolicy | None, HealthReport]:
+        """Run the health check; return the loaded policy (None when it failed) and the report."""
+        config = self.config
+        started = clock()
+        stages: dict[str, float] = {}
+        mark = [time.perf_counter()]
+
+        def stage(name: str) -> None:
+            now = time.perf_counter()
+            stages[name] = now - mark[0]
+            mark[0] = now
+
+        def left(step: str) -> None:
+            if clock() - started > config.deadline_s:
+                raise _Failed(f"deadline of {config.deadline_s}s passed during {step}")
+
+        p99: float | None = None
+        mean_return: float | None = None
         try:
-            policy = OnnxPolicy(bundle)
-        except Exception as exc:  # onnxruntime raises its own untyped errors on a bad graph
-            raise _Failed(f"onnxruntime cannot load the model: {type(exc).__name__}: {exc}") from None
-        left("loading")
-        env = make_env()
-        for name, manifest_space, env_space in (("observation", m.observation_space, env.observation_space),
-                                                ("action", m.action_space, env.action_space)):
-            problem = _same_space(manifest_space, env_space)
-            if problem:
-                raise _Failed(f"{name} {problem}")
-        inputs = {i.name: i for i in policy.session.get_inputs()}
-        if policy.input_name not in inputs:
-            raise _Failed(f"the graph has no input {policy.input_name!r} (inputs: {sorted(inputs)})")
-        graph_shape = list(inputs[policy.input_name].shape)[1:]
-        obs_shape = list(env.observation_space.shape)
-        if len(graph_shape) != len(obs_shape) or any(isinstance(g, int) and g != o
-                                                     for g, o in zip(graph_shape, obs_shape, strict=False)):
-            raise _Failed(f"graph input shape {graph_shape} does not match observations of shape {obs_shape}")
-        outputs = [o.name for o in policy.session.get_outputs()]
-        if policy.output_name not in outputs:
-            raise _Failed(f"the graph has no output {policy.output_name!r} (outputs: {outputs})")
-        env.observation_space.seed(0)
-        probe = np.stack([np.asarray(env.observation_space.sample(), dtype=np.float32) for _ in range(8)])
+            m = bundle.manifest
+            try:
+                policy = OnnxPolicy(bundle)
+            except Exception as exc:  # onnxruntime raises its own untyped errors on a bad graph
+                raise _Failed(f"onnxruntime cannot load the model: {type(exc).__name__}: {exc}") from None
+            stage("load")
+            left("loading")
+            sim = self._read_simulator()
+            for name, manifest_space, env_json in (("observation", m.observation_space, sim.observation_json),
+                                                   ("action", m.action_space, sim.action_json)):
+                problem = _space_problem(manifest_space, env_json)
+                if problem:
+                    raise _Failed(f"{name} {problem}")
+            inputs = {i.name: i for i in policy.session.get_inputs()}
+            if policy.input_name not in inputs:
+                raise _Failed(f"the graph has no input {policy.input_name!r} (inputs: {sorted(inputs)})")
+            graph_shape = list(inputs[policy.input_name].shape)[1:]
+            obs_shape = sim.observation_shape
+            if len(graph_shape) != len(obs_shape) or any(isinstance(g, int) and g != o
+                                                         for g, o in zip(graph_shape, obs_shape, strict=False)):
+                raise _Failed(f"graph input shape {graph_shape} does not match observations of shape {obs_shape}")
+            outputs = [o.name for o in policy.session.get_outputs()]
+            if policy.output_name not in outputs:
+                raise _Failed(f"the graph has no output {policy.output_name!r} (outputs: {outputs})")
+            stage("spaces")
+            probe = sim.probe
+            try:
+                every_output = policy.session.run(None, {policy.input_name: probe})
+            except Exception as exc:  # shape or type errors inside the graph surface here
+                raise _Failed(f"inference failed: {type(exc).__name__}: {exc}") from None
+            for name, value in zip(outputs, every_output, strict=True):
+                if np.asarray(value).dtype.kind == "f" and not np.all(np.isfinite(value)):
+                    raise _Failed(f"output {name!r} is not finite")
+            actions = np.asarray(every_output[outputs.index(policy.output_name)])
+            if actions.shape[:1] != (len(probe),):
+                raise _Failed(f"output {policy.output_name!r} has shape {list(actions.shape)} for a batch of "
+                              f"{len(probe)}")
+            if not np.all(np.isfinite(actions.astype(np.float64))):
+                raise _Failed(f"output {policy.output_name!r} is not finite")
+            if policy.discrete and not all(sim.action_space.contains(int(a)) for a in actions):
+                raise _Failed(f"actions {actions.tolist()} are not in the simulator's action space")
+            stage("outputs")
+            left("the output check")
+            times = []
+            obs = sim.first_obs
+            for _ in range(config.probe_calls):
+                t0 = time.perf_counter()
+                policy.act(obs)
+                times.append(time.perf_counter() - t0)
+            p99 = _percentile(times, 99.0) * 1e6
+            if p99 > config.latency_budget_ms * 1000:
+                raise _Failed(f"p99 latency {p99 / 1000:.2f} ms exceeds the budget of {config.latency_budget_ms} ms")
+            stage("latency")
+            left("the latency check")
+            if config.min_return is not None:
+                mean_return = self._mean_return(policy, left)
+                if mean_return < config.min_return:
+                    raise _Failed(f"mean return {mean_return:.2f} over {config.episodes} episodes is below "
+                                  f"the minimum {config.min_return}")
+                stage("return")
+            return policy, HealthReport(True, "ok", p99, mean_return, clock() - started, stages)
+        except _Failed as failed:
+            return None, HealthReport(False, str(failed), p99, mean_return, clock() - started, stages)
+
+    def _mean_return(self, policy: OnnxPolicy, left: Callable[[str], None]) -> float:
+        config = self.config
+        env = self.make_env()
         try:
-            every_output = policy.session.run(None, {policy.input_name: probe})
-        except Exception as exc:  # shape or type errors inside the graph surface here
-            raise _Failed(f"inference failed: {type(exc).__name__}: {exc}") from None
-        for name, value in zip(outputs, every_output, strict=True):
-            if np.asarray(value).dtype.kind == "f" and not np.all(np.isfinite(value)):
-                raise _Failed(f"output {name!r} is not finite")
-        actions = np.asarray(every_output[outputs.index(policy.output_name)])
-        if actions.shape[:1] != (len(probe),):
-            raise _Failed(f"output {policy.output_name!r} has shape {list(actions.shape)} for a batch of "
-                          f"{len(probe)}")
-        if not np.all(np.isfinite(actions.astype(np.float64))):
-            raise _Failed(f"output {policy.output_name!r} is not finite")
-        if policy.discrete and not all(env.action_space.contains(int(a)) for a in actions):
-            raise _Failed(f"actions {actions.tolist()} are not in the simulator's action space")
-        left("the output check")
-        times = []
-        obs, _ = env.reset(seed=0)
-        obs = np.asarray(obs, dtype=np.float32)
-        for _ in range(config.probe_calls):
-            t0 = time.perf_counter()
-            policy.act(obs)
-            times.append(time.perf_counter() - t0)
-        p99 = float(np.percentile(times, 99) * 1e6)
-        if p99 > config.latency_budget_ms * 1000:
-            raise _Failed(f"p99 latency {p99 / 1000:.2f} ms exceeds the budget of {config.latency_budget_ms} ms")
-        left("the latency check")
-        if config.min_return is not None:
             returns = []
             for episode in range(config.episodes):
                 obs, _ = env.reset(seed=episode)
@@ -178,13 +269,15 @@ def check_policy(bundle: Bundle, make_env: Callable[[], Any], config: HealthConf
                         break
                     left("the simulator episodes")
                 returns.append(total)
-            mean_return = float(np.mean(returns))
-            if mean_return < config.min_return:
-                raise _Failed(f"mean return {mean_return:.2f} over {config.episodes} episodes is below "
-                              f"the minimum {config.min_return}")
-        return policy, HealthReport(True, "ok", p99, mean_return, clock() - started)
-    except _Failed as failed:
-        return None, HealthReport(False, str(failed), p99, mean_return, clock() - started)
-    finally:
-        if env is not None:
+            return float(np.mean(returns))
+        finally:
             env.close()
+
+
+def check_policy(bundle: Bundle, make_env: Callable[[], Any], config: HealthConfig, *,
+                 clock: Callable[[], float] = time.perf_counter) -> tuple[OnnxPolicy | None, HealthReport]:
+    """Run the health check once; return the loaded policy (None when it failed) and the report.
+
+    A node checking many bundles keeps one `HealthChecker` instead, which reads the simulator once.
+    """
+    return HealthChecker(make_env, config).check(bundle, clock=clock)

@@ -33,6 +33,10 @@ def test_a_new_version_reaches_every_agent(tmp_path: Path, mosquitto: Mosquitto,
         publisher.publish(cartpole_bundle(key, 2))
         wait_until(lambda: all(a.version == 2 for a in agents), what="all agents on v2")
         wait_until(lambda: all(2 in a.counters.first_act_at for a in agents), what="decisions with v2")
+        wait_until(lambda: all("persist" in a.counters.update_stages.get(2, {}) for a in agents), what="v2 traced")
+        stages = agents[0].counters.update_stages[2]
+        assert {"queued", "verify", "health_load", "health_latency", "install", "first_act", "critical_cpu"} <= set(
+            stages) and all(v >= 0 for v in stages.values()), stages
         with FleetMonitor(broker=mosquitto.url, fleet=fleet) as monitor:
             wait_until(lambda: len(monitor.snapshot()) == 3 and all(
                 v.online and v.version == 2 and v.lag == 0 for v in monitor.snapshot()), what="fleet view")

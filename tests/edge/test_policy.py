@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from edge import HealthConfig, OnnxPolicy, check_policy
+from edge._policy import HealthChecker
 from tests.edge._policies import cartpole_bundle, cartpole_model
 
 
@@ -53,3 +54,25 @@ def test_manifest_spaces_must_match_the_simulator() -> None:
 def test_onnx_policy_runs_batches() -> None:
     policy = OnnxPolicy(cartpole_bundle(None, 1))
     assert policy.run(np.zeros((5, 4), np.float32)).shape == (5,)
+
+
+def test_one_checker_reads_the_simulator_once_and_checks_every_bundle_fully() -> None:
+    made = []
+
+    def counting_env() -> gym.Env:
+        made.append(1)
+        return make_env()
+
+    checker = HealthChecker(counting_env, HealthConfig(latency_budget_ms=200.0))
+    checker.prepare()
+    verdicts = [checker.check(cartpole_bundle(None, v, model=m))[1]
+                for v, m in ((1, cartpole_model()), (2, cartpole_model(nan=True)), (3, cartpole_model(obs_dim=3)),
+                             (4, cartpole_model()))]
+    assert [r.ok for r in verdicts] == [True, False, False, True]
+    assert "is not finite" in verdicts[1].reason and "graph input shape [3]" in verdicts[2].reason
+    assert len(made) == 1  # no min_return: the spaces and probes come from the env made once
+    assert set(verdicts[0].stages) == {"load", "spaces", "outputs", "latency"}
+    assert verdicts[0].latency_p99_us is not None and verdicts[0].latency_p99_us > 0
+    _, with_return = HealthChecker(counting_env, HealthConfig(min_return=100.0, latency_budget_ms=200.0)).check(
+        cartpole_bundle(None, 5))
+    assert with_return.ok and "return" in with_return.stages and len(made) == 3  # read once, plus the episode env
