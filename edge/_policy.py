@@ -278,6 +278,6 @@ def check_policy(bundle: Bundle, make_env: Callable[[], Any], config: HealthConf
                  clock: Callable[[], float] = time.perf_counter) -> tuple[OnnxPolicy | None, HealthReport]:
     """Run the health check once; return the loaded policy (None when it failed) and the report.
 
-    A node checking many bundles keeps one `HealthChecker` instead, which reads the simulator once.
+    An `EdgeAgent` keeps one `HealthChecker` instead, which reads the simulator once for all its bundles.
     """
     return HealthChecker(make_env, config).check(bundle, clock=clock)
