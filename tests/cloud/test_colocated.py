@@ -18,7 +18,9 @@ from device import ConfigError, StrataError
 
 
 def shm_entries() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if name.startswith("strata_colo_")}
+    # Only this test process's segments (their names carry the creating pid): other processes on the machine,
+    # a concurrent benchmark or demo among them, may own pools of their own while a test runs.
+    return {name for name in os.listdir("/dev/shm") if name.startswith(f"strata_colo_{os.getpid()}_")}
 
 
 @pytest.fixture(autouse=True)
