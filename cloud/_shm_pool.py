@@ -784,6 +784,10 @@ class SharedMemoryVectorEnv(VectorEnv):
             if failure is not None and failure.worker_index == w:
                 continue
             length = int(self._info_len[w, slot])
+            # Infos and env exceptions are arbitrary Python objects (as in gymnasium's AsyncVectorEnv, which
+            # pickles them through its pipes). They are unpickled only here, from a segment this process created
+            # with mode 0600 and that only its own worker processes write: never network or file data. Every
+            # array (obs, actions, rewards, flags, final obs) travels as a raw buffer and is never pickled.
             if self._status[w, slot] == _ERROR:
                 errors.append((wk, pickle.loads(self._info_buf[w, slot, :length].tobytes())))
             elif length:
