@@ -264,11 +264,55 @@ def run_pendulum(args: argparse.Namespace, tmp: Path, key: Any, trust: Any, url:
         print(f"{name}: {r.student_params} weights vs teacher {r.teacher_params}; eval return "
               f"{r.student_return:.1f} vs teacher {r.teacher_return:.1f} ({r.kept:.1%} kept)")
     print_table(rows)
+    calibration = {name: region_calibration(teacher, r.bundle, thresholds, n_eps, seed=100)
+                   for name, r in results.items()}
+    for name, per_t in calibration.items():
+        print(f"{name}: mean |student - teacher action| on escalated vs kept decisions (device-only episodes): "
+              + ", ".join(f"@{t}: {v['error_escalated']} vs {v['error_kept']}" for t, v in per_t.items()))
     met = goal_met_by(rows)
     print(f"Pendulum-v1 goal (tiered within 5% of edge-only return, <= 20% escalated): "
           f"{'met by ' + ', '.join(met) if met else 'NOT met'}")
     return {"teacher": "given" if teacher_steps is None else f"sac-{teacher_steps}-steps",
-            "teacher_wall_s": round(teacher_s, 1), "distill_wall_s": round(distill_s, 1), **figures_of(rows, results)}
+            "teacher_wall_s": round(teacher_s, 1), "distill_wall_s": round(distill_s, 1),
+            "region_calibration": calibration, **figures_of(rows, results)}
+
+
+def region_calibration(teacher: Any, bundle: Any, thresholds: tuple[float, ...], n_eps: int, seed: int
+                       ) -> dict[str, dict[str, float | None]]:
+    """Whether the region confidence is informative: the student's action error on escalated vs kept decisions.
+
+    Mean |student action - teacher action| per threshold, over the student's own device-only episodes (same
+    seeds as the modes).
+    """
+    import gymnasium as gym
+
+    from device import NumpyExecutor, StateRegion
+    from edge._policy import OnnxPolicy
+
+    executor, oracle = NumpyExecutor(bundle.model), OnnxPolicy(teacher)
+    region = StateRegion.from_manifest(bundle.manifest.preprocessing, dim=3)
+    assert region is not None, "the micro bundle records no state region"
+    env = gym.make("Pendulum-v1")
+    confs, errors = [], []
+    for ep in range(n_eps):
+        obs, _ = env.reset(seed=seed + ep)
+        done = False
+        while not done:
+            x = np.asarray(obs, dtype=np.float32)
+            action = executor.act(x[None])[0]
+            confs.append(region.confidence(x))
+            errors.append(float(np.abs(action - oracle.act(x)).mean()))
+            obs, _r, term, trunc, _ = env.step(action)
+            done = bool(term or trunc)
+    env.close()
+    c, e = np.array(confs), np.array(errors)
+    out: dict[str, dict[str, float | None]] = {}
+    for t in thresholds:
+        high = c < t
+        out[str(t)] = {"escalated": round(float(high.mean()), 4),
+                       "error_escalated": round(float(e[high].mean()), 4) if high.any() else None,
+                       "error_kept": round(float(e[~high].mean()), 4) if (~high).any() else None}
+    return out
 
 
 PENDULUM_THRESHOLDS = (0.3, 0.5, 0.7, 0.8, 0.9)
