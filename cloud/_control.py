@@ -116,7 +116,8 @@ class ControlServer:
                     self._reply(400, {"error": 'body must be JSON like {"to": "decoupled"}'})
                     return
                 try:
-                    self._reply(200, handlers.switch(to, reason=str(body.get("reason", "manual (strata switch)"))))
+                    reason = str(body.get("reason", "requested with strata switch"))
+                    self._reply(200, handlers.switch(to, reason=reason))
                 except SwitchRefused as exc:
                     self._reply(409, {"error": str(exc)})
                 except CloudError as exc:
@@ -196,8 +197,8 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def last_record(path: Path) -> dict[str, Any]:
-    """The last complete JSON line of a JSONL file (empty when there is none)."""
+def last_record(path: Path, *, having: str | None = None) -> dict[str, Any]:
+    """The last complete JSON line of a JSONL file (holding the key `having`, if given); empty when none."""
     if not path.exists():
         return {}
     with path.open("rb") as f:
@@ -207,9 +208,10 @@ def last_record(path: Path) -> dict[str, Any]:
     for line in reversed(lines):
         try:
             record: dict[str, Any] = json.loads(line)
-            return record
         except ValueError:  # a line cut by a crash or by the tail window
             continue
+        if having is None or having in record:
+            return record
     return {}
 
 
@@ -230,7 +232,7 @@ def list_runs(root: Path) -> list[dict[str, Any]]:
                 info["state"] = "running" if _pid_alive(pid) else "crashed"
             except (ValueError, KeyError, TypeError):
                 info["state"] = "unknown"
-        last = last_record(run_dir / "metrics.jsonl")
+        last = last_record(run_dir / "metrics.jsonl", having="charts/mean_return_20")
         switch = last_record(run_dir / SWITCHES_FILE)
         info.update(step=last.get("global_step"), version=last.get("policy_version"),
                     mean_return=last.get("charts/mean_return_20"), mode=switch.get("to_mode"))

@@ -14,7 +14,9 @@ updates it calls `Switcher.at_boundary`, where a switch happens:
            most once per update, so the name is unique, also across a resumed run)
     SWITCHING ──> RUNNING(b), the pause and the reason recorded in `SwitchEvent`
 
-Manual requests (`strata switch`) and automatic rules (`SwitchRules`) go through the same path.
+Manual requests (`strata switch`) and automatic rules (`SwitchRules`) go through the same path. A
+manual switch is an override: the automatic rules stay quiet for the rest of the run (an operator who
+moved the run does not want the phase schedule to move it back), which the log says when it happens.
 Every transition carries ``(source, worker, seq)``; `Accounting` counts what each source produced
 and what the learner consumed, so a loss or a duplicate is visible.
 """
@@ -202,6 +204,7 @@ class Switcher:
         self._pending: _Request | None = None
         self._switching = False
         self._phase_done = False
+        self._manual_override = False
         self._returns: list[float] = []
         self.mode = initial
         self.history: list[SwitchEvent] = []
@@ -264,6 +267,8 @@ class Switcher:
 
     def _auto_target(self, *, step: int, update: int, mean_return: float) -> tuple[str, str] | None:
         r = self.rules
+        if self._manual_override:
+            return None
         if self._last_switch_update is not None and update - self._last_switch_update < r.min_dwell_updates:
             return None
         if not self._phase_done and (r.phase_steps is not None or r.plateau_updates is not None):
@@ -332,6 +337,9 @@ class Switcher:
             with self._lock:
                 self._switching = False
         self._last_switch_update = update
+        if trigger == "manual" and not self._manual_override:
+            self._manual_override = True
+            self._log("switcher: manual switch: automatic rules are off for the rest of this run")
         request.future.set_result(event)
         return event
 

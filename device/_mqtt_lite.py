@@ -242,7 +242,8 @@ class MqttLiteClient:
         """Send DISCONNECT (the broker then skips the last will), close the socket and join the threads."""
         sock = self._sock
         if sock is not None and self.connected:
-            with contextlib.suppress(OSError):
+            # A connection that broke meanwhile is fine here: closing is what the caller wants anyway.
+            with contextlib.suppress(OSError, MqttConnectionError):
                 self._send(_packet(DISCONNECT, 0, b""))
         self._lost(None)
         for t in self._threads:

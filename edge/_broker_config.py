@@ -16,6 +16,7 @@ The hashes come from the ``mosquitto_passwd`` binary when it is installed, and a
 from __future__ import annotations
 
 import base64
+import getpass
 import hashlib
 import os
 import secrets
@@ -66,7 +67,7 @@ def acl_text(fleet: str, nodes: Sequence[str], cloud_user: str) -> str:
 
 
 def write_broker_config(out: Path, *, fleet: str, nodes: Sequence[str], cloud_user: str = "cloud",
-                        port: int = 1883, use_binary: bool = True) -> BrokerFiles:
+                        port: int = 1883, bind: str = "127.0.0.1", use_binary: bool = True) -> BrokerFiles:
     """Write passwd, acl, mosquitto.conf and generated credentials for `fleet` into `out`.
 
     Args:
@@ -75,6 +76,8 @@ def write_broker_config(out: Path, *, fleet: str, nodes: Sequence[str], cloud_us
         nodes: Node ids; each becomes a broker user.
         cloud_user: The identity that may publish policies.
         port: Listener port written into mosquitto.conf.
+        bind: Address the listener binds to: loopback by default; ``0.0.0.0`` (or an interface's
+            address) to serve edge nodes on other hosts.
         use_binary: Hash with ``mosquitto_passwd`` when it is installed.
     """
     check_segment(fleet, "fleet")
@@ -115,7 +118,9 @@ def write_broker_config(out: Path, *, fleet: str, nodes: Sequence[str], cloud_us
     conf = out / "mosquitto.conf"
     conf.write_text("\n".join([
         "# strata fleet broker: written by `strata broker config`",
-        f"listener {port}",
+        f"listener {port} {bind}",
+        "# Started as root, mosquitto switches to this user, which must be able to read the 0600 files above",
+        f"user {getpass.getuser()}",
         "allow_anonymous false",
         f"password_file {passwd.resolve()}",
         f"acl_file {acl.resolve()}",

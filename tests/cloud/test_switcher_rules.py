@@ -129,3 +129,13 @@ def test_a_request_from_another_thread_completes_at_the_boundary() -> None:
     run(sw, 1)
     t.join()
     assert results[0].to_mode == "decoupled" and results[0].pause_s >= 0
+
+
+def test_a_manual_switch_overrides_the_automatic_rules() -> None:
+    sw = make(SwitchRules(phase_steps=40, min_dwell_updates=0))
+    sw.request("decoupled", reason="operator")
+    run(sw, 1)
+    sw.request("colocated", reason="operator")
+    events = run(sw, 30, start=1)  # the phase schedule would fire at step 40, but the operator is in charge
+    assert [e.trigger for e in sw.history] == ["manual", "manual"] and sw.mode == "colocated"
+    assert events[-1].to_mode == "colocated"

@@ -71,3 +71,29 @@ def test_acl_confines_each_node_to_its_own_topics(tmp_path: Path, mosquitto_fact
         wait_until(lambda: agent.version == 1, what="node b on v1")
         wait_until(lambda: agent.outbox.stats().pending == 0 and agent.counters.telemetry_records > 0,
                    what="telemetry accepted")
+
+
+def test_the_generated_mosquitto_conf_runs_as_written(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests._services import free_port, mosquitto_binary, wait_for_port
+
+    port = free_port()
+    files = write_broker_config(tmp_path / "bc", fleet="f", nodes=["a"], port=port)
+    text = files.conf.read_text()
+    assert f"listener {port} 127.0.0.1" in text  # loopback unless --bind says otherwise
+    proc = subprocess.Popen([mosquitto_binary(), "-c", str(files.conf)], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for_port(port)
+        password = files.credentials["a"].read_text().strip()
+        link = MqttLink(LinkConfig(broker=f"mqtt://127.0.0.1:{port}", client_id="a", username="a",
+                                   password=password)).start()
+        try:
+            assert link.wait_connected(10), link.last_error
+        finally:
+            link.close()
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert b"Unable to open pwfile" not in err
