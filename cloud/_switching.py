@@ -43,7 +43,9 @@ class SwitchingConfig:
     function_name: str = "strata-rollout"
     """Lambda function of the ``functions`` mode."""
     fragment_steps: int = 128
-    """Steps one function invocation simulates (a multiple of num_steps; one stream per invocation)."""
+    """Steps one function invocation simulates (a multiple of num_steps; one stream per invocation). A
+    function is stateless: every invocation starts fresh episodes, so episodes longer than this never finish
+    in the functions mode and its training-episode returns are capped by it (the policy is not)."""
     env_services: str = ""
     """``HOST:PORT,...`` of running env services for ``decoupled``; empty: the job starts its own."""
     control: bool = True
