@@ -132,9 +132,10 @@ def _edge_run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        print(f"{config.node_id}: {counters.steps} steps, {counters.episodes} episodes on {agent.policy_name} "
-              f"v{agent.version}; {counters.updates} policy loads, {len(counters.refused)} bundles refused, "
-              f"{counters.telemetry_records} telemetry records")
+        policy = (f"on {agent.policy_name} v{agent.version}" if agent.version is not None
+                  else "with no policy yet (nothing published to this fleet, or every bundle refused)")
+        print(f"{config.node_id}: {counters.steps} steps, {counters.episodes} episodes {policy}; {counters.updates} "
+              f"policy loads, {len(counters.refused)} bundles refused, {counters.telemetry_records} telemetry records")
     return 0
 
 
