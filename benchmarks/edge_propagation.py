@@ -131,6 +131,7 @@ def child(args: argparse.Namespace) -> None:
     while not all(link.connected for link in links) or not all(a.link and a.link.connected for a in agents):
         time.sleep(0.01)
     print(json.dumps({"ready": True}), flush=True)
+    cpu_mark = time.process_time()
     for line in sys.stdin:
         cmd, _, arg = line.strip().partition(" ")
         if cmd == "floor":
@@ -139,12 +140,16 @@ def child(args: argparse.Namespace) -> None:
             while len(floor_times.get(r, [])) < len(links) and time.monotonic() < deadline:
                 time.sleep(0.002)
             print(json.dumps({"floor": floor_times.get(r, [])}), flush=True)
+        elif cmd == "mark":
+            cpu_mark = time.process_time()
+            print(json.dumps({"ok": True}), flush=True)
         elif cmd == "wait":
             v = int(arg)
             deadline = time.monotonic() + 60
             while not all(v in a.counters.first_act_at for a in agents) and time.monotonic() < deadline:
                 time.sleep(0.002)
-            print(json.dumps({"acts": [a.counters.first_act_at.get(v) for a in agents]}), flush=True)
+            print(json.dumps({"acts": [a.counters.first_act_at.get(v) for a in agents],
+                              "cpu_s": time.process_time() - cpu_mark}), flush=True)
         elif cmd == "stages":
             print(json.dumps({"stages": [{str(k): v for k, v in a.counters.update_stages.items()} for a in agents]}),
                   flush=True)
@@ -161,6 +166,15 @@ def child(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- parent
+
+def _proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (Linux /proc), 0 where unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
 
 def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
@@ -202,6 +216,8 @@ def propagation(n_agents: int, n_procs: int, rounds: int, tmp: Path) -> dict[str
             raw = MqttLink(LinkConfig(broker=url, client_id="floor-publisher", clean_session=True)).start()
             raw.wait_connected(10)
             floor, prop, missing = [], [], 0
+            windows: list[float] = []
+            window_cpu: list[float] = []
             for r in range(rounds):
                 time.sleep(0.3)
                 t0 = time.time()
@@ -209,20 +225,28 @@ def propagation(n_agents: int, n_procs: int, rounds: int, tmp: Path) -> dict[str
                 floor += [t - t0 for reply in ask(f"floor {r}") for t in reply["floor"]]
                 time.sleep(0.3)
                 bundle = make_bundle(key, r + 2, model)
+                ask("mark")
+                broker_cpu = _proc_cpu_s(broker_proc.pid)
                 t0 = time.time()
                 publisher.publish(bundle)
-                acts = [t for reply in ask(f"wait {r + 2}") for t in reply["acts"]]
+                replies = ask(f"wait {r + 2}")
+                acts = [t for reply in replies for t in reply["acts"]]
                 missing += sum(t is None for t in acts)
                 prop += [t - t0 for t in acts if t is not None]
+                windows.append(max([t for t in acts if t is not None], default=t0) - t0)
+                window_cpu.append(sum(reply["cpu_s"] for reply in replies) + _proc_cpu_s(broker_proc.pid) - broker_cpu)
             raw.close()
             time.sleep(0.5)  # the last version's cache writes (after acting) finish
             per_stage: dict[str, list[float]] = {}
+            critical_by_version: dict[str, float] = {}
             for reply in ask("stages"):
                 for traced in reply["stages"]:
                     for version, stages in traced.items():
                         if int(version) >= 2:
                             for name, value in stages.items():
                                 per_stage.setdefault(name, []).append(value)
+                            critical_by_version[version] = (critical_by_version.get(version, 0.0)
+                                                            + stages.get("critical_cpu", 0.0))
             for c in children:
                 assert c.stdin is not None
                 c.stdin.write("quit\n")
@@ -240,6 +264,9 @@ def propagation(n_agents: int, n_procs: int, rounds: int, tmp: Path) -> dict[str
             "floor_p50_ms": _pct(floor, 50) * ms, "floor_p99_ms": _pct(floor, 99) * ms,
             "floor_max_ms": max(floor) * ms, "prop_p50_ms": _pct(prop, 50) * ms, "prop_p99_ms": _pct(prop, 99) * ms,
             "prop_max_ms": max(prop) * ms,
+            "window_p50_ms": _pct(windows, 50) * ms, "window_cpu_p50_ms": _pct(window_cpu, 50) * ms,
+            "critical_cpu_sum_p50_ms": _pct(list(critical_by_version.values()), 50),
+            "window_cores_used_p50": _pct([c / w for c, w in zip(window_cpu, windows, strict=True) if w > 0], 50),
             "stages_ms": {name: {"p50": round(_pct(v, 50), 3), "p99": round(_pct(v, 99), 3), "max": round(max(v), 3)}
                           for name, v in per_stage.items()}}
 
@@ -314,6 +341,10 @@ def main() -> None:
     print(f"{'raw MQTT floor':28s}{prop['floor_p50_ms']:10.2f}{prop['floor_p99_ms']:10.2f}{prop['floor_max_ms']:10.2f}")
     print(f"{'publish -> agent acting':28s}{prop['prop_p50_ms']:10.2f}{prop['prop_p99_ms']:10.2f}"
           f"{prop['prop_max_ms']:10.2f}")
+    print(f"window publish -> last agent acting p50 {prop['window_p50_ms']:.1f} ms; CPU our processes "
+          f"(agents + broker) used in it p50 {prop['window_cpu_p50_ms']:.1f} ms = "
+          f"{prop['window_cores_used_p50']:.2f} of {os.cpu_count()} cores; critical-path CPU of all agents p50 "
+          f"{prop['critical_cpu_sum_p50_ms']:.1f} ms")
     print(f"{'per-agent update stage':28s}{'p50 ms':>10s}{'p99 ms':>10s}{'max ms':>10s}")
     for name, q in prop["stages_ms"].items():
         print(f"{'  ' + name:28s}{q['p50']:10.2f}{q['p99']:10.2f}{q['max']:10.2f}")

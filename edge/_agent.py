@@ -160,7 +160,8 @@ class AgentCounters:
     """Milliseconds each stage of an update took, per installed version: ``queued`` (received until the
     updater took it), ``verify``, the health check's own stages (``health_*``), ``install``, ``first_act``
     (installed until the first decision with it), ``persist`` (the A/B cache writes after acting) and
-    ``critical_cpu`` (CPU time of the updater thread from taking the bundle until installing it)."""
+    ``critical_cpu`` (CPU time of the updater thread from taking the bundle until installing it) and
+    ``persist_cpu`` (its CPU time for the cache writes)."""
 
 
 class EdgeAgent:
@@ -454,7 +455,8 @@ class EdgeAgent:
         self._installed_at = time.perf_counter()
         self._install(policy, bundle, report, sha=sha)
         installed = time.perf_counter()
-        stages["critical_cpu"] = time.thread_time() - cpu_picked
+        cpu_installed = time.thread_time()
+        stages["critical_cpu"] = cpu_installed - cpu_picked
         try:
             self.cache.stage(bundle, data=data)
             self.cache.commit()
@@ -462,7 +464,8 @@ class EdgeAgent:
             with self._lock:
                 self._policy, self._policy_sha = previous
             raise
-        stages.update(install=installed - checked, persist=time.perf_counter() - installed)
+        stages.update(install=installed - checked, persist=time.perf_counter() - installed,
+                      persist_cpu=time.thread_time() - cpu_installed)
         with self._lock:
             traced = self.counters.update_stages
             traced.setdefault(bundle.version, {}).update({k: v * 1000 for k, v in stages.items()})
