@@ -1,4 +1,4 @@
-"""The tiered-decisions benchmark runs end to end in --quick mode and ends with one JSON line."""
+"""The tiered-decisions benchmark (CartPole-v1 and Pendulum-v1) runs end to end in --quick mode, one JSON line last."""
 
 from __future__ import annotations
 
@@ -20,3 +20,8 @@ def test_tiered_decisions_quick() -> None:
     assert figures["modes"]["edge-only"]["escalated"] == 1.0
     assert figures["modes"]["micro16/device-only"]["escalated"] == 0.0
     assert figures["distill"]["micro16"]["kept"] >= 0.9
+    pendulum = figures["pendulum"]
+    assert pendulum["teacher"] == "sac-2500-steps"
+    assert pendulum["modes"]["edge-only"]["escalated"] == 1.0
+    assert pendulum["modes"]["micro16/device-only"]["escalated"] == 0.0
+    assert set(pendulum["region_calibration"]["micro16"]) == {"0.5", "0.8"}
