@@ -289,7 +289,7 @@ def distill(teacher: Bundle | Path, *, env_id: str | None = None, signing_key: S
                 optimizer.step()
         if log is not None:
             log(f"distill: iteration {iteration + 1}/{config.iterations}: {len(x_all):,} labelled states, "
-                f"loss {float(loss):.4f}")
+                f"loss {float(loss.detach()):.4f}")
 
     net.eval()
     region = StateRegion.fit(np.concatenate(states))
