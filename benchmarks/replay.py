@@ -2,13 +2,17 @@
 
 Both store the same transitions in preallocated numpy arrays. The baseline keeps a float64 priority
 array and, per sampled batch, recomputes the probabilities from the whole array
-(``p ** alpha / sum``) and draws with ``rng.choice(p=...)``; strata's table keeps a float32 sum tree
-and draws a stratified batch with one vectorised descent. Measured in the same run:
+(``p ** alpha / sum``) and draws with ``rng.choice(p=...)``; strata's table keeps float16 leaves
+(``priority ** alpha``) under a float64 sum tree over blocks of 32 leaves, and draws a stratified batch
+with one vectorised descent to the blocks and a vectorised search inside them. Measured in the same run:
 
 - insert throughput: one transition per call (an actor's pattern) and 1000 per call;
 - sample throughput: a batch of 256 plus its priority update (the learner's pattern), at a full table;
 - memory: the table's preallocated bytes (and the process RSS growth while filling it) vs the raw
-  bytes of the transitions, for a Pendulum-sized and a MuJoCo-sized transition.
+  bytes of the transitions, for a Pendulum-sized and a MuJoCo-sized transition;
+- fidelity of the float16 leaves: at the full table, the largest relative error of the probability
+  each item is sampled with vs the exact float64 ``p ** alpha / sum``; and a chi-square of 1M draws
+  from a 1000-item table against the exact probabilities (stratified draws: expect <= df).
 
 Usage: ``python benchmarks/replay.py [--quick] [--capacity N]``; the last output line is JSON.
 """
@@ -127,6 +131,26 @@ def main() -> None:
     ours.update_priorities(np.arange(ours.stats().inserts - capacity, ours.stats().inserts), spread)
     naive.update_priorities(np.arange(capacity), spread)
 
+    # -- fidelity of the float16 leaves ---------------------------------------------------------------------
+    exact = (spread + 1e-6) ** ALPHA
+    exact /= exact.sum()
+    slots = (ours.stats().inserts - capacity + np.arange(capacity)) % capacity  # spread[j]'s item's slot
+    stored = ours._prio[slots].astype(np.float64) / float(ours._tree[1])
+    fidelity_max_rel = float(np.max(np.abs(stored - exact) / exact))
+    chi_n, chi_draws = 1000, 200_000 if args.quick else 1_000_000
+    chi_pri = 10.0 ** rng.uniform(-3, 3, chi_n)
+    chi_exact = (chi_pri + 1e-6) ** ALPHA
+    chi_exact /= chi_exact.sum()
+    with ReplayTable.create({"x": ((), "int32")}, ReplayConfig(capacity=chi_n, alpha=ALPHA), seed=1) as small:
+        small.insert({"x": np.zeros(chi_n, np.int32)})
+        small.update_priorities(np.arange(chi_n), chi_pri)
+        counts = np.zeros(chi_n)
+        for _ in range(chi_draws // 1000):
+            drawn = small.sample(1000, timeout=0)
+            assert drawn is not None
+            counts += np.bincount(drawn.keys, minlength=chi_n)
+    chi2 = float(((counts - counts.sum() * chi_exact) ** 2 / (counts.sum() * chi_exact)).sum())
+
     # -- sample + priority update -----------------------------------------------------------------------------
     def ours_step() -> None:
         batch = ours.sample(BATCH, beta=BETA, timeout=0)
@@ -164,6 +188,9 @@ def main() -> None:
         print(f"memory {name:9} ({m['item_bytes']:3} B/item): table {m['table_bytes'] / 2**20:8.1f} MiB for "
               f"{m['raw_bytes'] / 2**20:8.1f} MiB raw = {m['ratio']:.3f}x (naive with float64 priorities "
               f"{m['naive_ratio']:.3f}x)")
+    print(f"fidelity: max relative error of an item's sampling probability vs exact ({capacity:,} items, "
+          f"priorities in [0, 10)): {fidelity_max_rel:.2e}; chi-square of {chi_draws:,} draws over {chi_n} items with "
+          f"priorities over six decades: {chi2:.0f} (df {chi_n - 1})")
     print(f"process RSS growth while creating and filling both MuJoCo tables: {(rss_full - rss0) / 2**20:.1f} MiB "
           f"(strata {ours_nbytes / 2**20:.1f} MiB + naive {naive.nbytes() / 2**20:.1f} MiB preallocated)")
     print(json.dumps({"benchmark": "replay", "capacity": capacity, "quick": args.quick,
@@ -172,6 +199,8 @@ def main() -> None:
                       "insert1_ratio": round(results["insert1_ours_per_s"] / results["insert1_naive_per_s"], 2),
                       "memory_ratio_mujoco": round(memory["mujoco"]["ratio"], 4),
                       "memory_ratio_pendulum": round(memory["pendulum"]["ratio"], 4),
+                      "fidelity_max_rel_error": float(f"{fidelity_max_rel:.3g}"),
+                      "chi2": round(chi2, 1), "chi2_df": chi_n - 1,
                       "rss_growth_mib": round((rss_full - rss0) / 2**20, 1)}))
 
 

@@ -1,20 +1,33 @@
-"""Prioritized experience replay: a preallocated ring buffer, a sum tree and a Reverb-style rate limiter.
+"""Prioritized experience replay: a preallocated ring buffer, a two-level sum tree and a Reverb-style rate limiter.
 
 One `ReplayTable` holds every array in a single buffer allocated at construction, so its memory is
 bounded by construction and `ReplayStats.nbytes` is exact:
 
     fields     [capacity, *shape] per signature field      the transitions, in ring order
-    _lap       uint32 [capacity]                           which lap of the ring wrote each slot
-    _tree      float32 [2 * P]  (P = next power of 2)      sum tree over priority ** alpha (prioritized only)
+    _prio      float16 [nblocks * B]   (B = 32)             priority ** alpha per slot, in ring order (prioritized only)
+    _tree      float64 [2 * P]  (P = next power of 2 >= nblocks)  sum tree over the blocks' sums (prioritized only)
     _counters  int64 [2] + float64 [1]                     inserts, samples, max priority seen
+
+About 2.5 bytes per slot at capacity 1M (2 for the leaf, 0.5 for the block tree). A prioritized batch
+is one vectorised descent of the block tree for the whole batch, then a vectorised cumulative search
+inside each drawn block of B leaves; an update rewrites leaves, recomputes each touched block's sum
+from its leaves (exact, no drift from deltas) and the block's path to the root.
+
+Precision: leaves hold ``(priority + priority_eps) ** alpha`` rounded to float16, clipped to
+[2**-24, 65504] (so no stored item has probability zero; values above 65504, e.g. priority > 1e8 at
+alpha 0.6, saturate). Between 2**-14 and 65504 the rounding error is at most 2**-11 relative (0.05 %),
+below 2**-14 at most 2**-25 absolute. Sampling is exact with respect to the stored leaves (block and
+tree sums are float64), and `SampleBatch.probabilities` are the probabilities actually sampled from.
 
 The buffer is a private bytearray (`kind="local"`) or a `multiprocessing.shared_memory` segment
 (`kind="shared_memory"`), which co-located actor processes attach to by name through `ReplayHandle`
 and insert into under one process-shared lock. `cloud._replay_grpc` serves the same table over gRPC
 for the decoupled mode; `make_replay` picks the deployment, and every deployment satisfies `Replay`.
 
-Every transition's key is its global insert sequence number (``lap * capacity + slot``), so the
-learner's priority updates for a slot the ring has since overwritten are recognised and dropped.
+Every transition's key is its global insert sequence number. It is not stored: slot ``i`` holds the
+item of the largest ``s < inserts`` with ``s % capacity == i``, so a key ``k`` is live exactly while
+``inserts - capacity <= k < inserts``, and the learner's priority updates for a slot the ring has
+since overwritten are recognised and dropped.
 
 Rate limiter (as Reverb's ``SampleToInsertRatio``): with ``spi = samples_per_insert``,
 ``diff = inserts * spi - samples`` must stay within ``spi * min_size_to_sample +- error_buffer``:
@@ -34,7 +47,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from multiprocessing import shared_memory
 from pathlib import Path
@@ -56,7 +69,10 @@ ReplayKind = Literal["local", "shared_memory", "grpc"]
 
 _ALIGN = 64
 _SCALAR_UPDATE_MAX = 16
-_STATE_FORMAT = 1
+_STATE_FORMAT = 1  # unchanged by the float16 leaves: "_priority" still travels as float32 (exact widening)
+_BLOCK = 32
+_LEAF_MIN = float(np.finfo(np.float16).smallest_subnormal)
+_LEAF_MAX = float(np.finfo(np.float16).max)
 
 
 class ReplayError(CloudError):
@@ -206,12 +222,13 @@ _Layout = dict[str, tuple[int, tuple[int, ...], str]]
 def _layout(signature: dict[str, FieldSpec], config: ReplayConfig) -> tuple[_Layout, int]:
     """Byte offset, full shape and dtype of every array in the buffer, and the buffer's total size."""
     cap = config.capacity
-    tree_leaves = 1 << max(0, math.ceil(math.log2(cap))) if cap > 1 else 1
+    nblocks = -(-cap // _BLOCK)
+    tree_leaves = 1 << max(0, math.ceil(math.log2(nblocks))) if nblocks > 1 else 1
     arrays: dict[str, tuple[tuple[int, ...], str]] = {
         "_counters": ((2,), "<i8"),
         "_max_priority": ((1,), "<f8"),
-        "_lap": ((cap,), "<u4"),
-        "_tree": ((2 * tree_leaves if config.prioritized else 0,), "<f4"),
+        "_prio": ((nblocks * _BLOCK if config.prioritized else 0,), "<f2"),
+        "_tree": ((2 * tree_leaves if config.prioritized else 0,), "<f8"),
     }
     arrays.update({name: ((cap, *shape), dtype) for name, (shape, dtype) in signature.items()})
     layout = {}
@@ -253,10 +270,13 @@ class ReplayTable:
         }
         self._counters = self._arrays.pop("_counters")
         self._max_priority = self._arrays.pop("_max_priority")
-        self._lap = self._arrays.pop("_lap")
+        self._prio = self._arrays.pop("_prio")
+        self._prio_blocks = self._prio.reshape(-1, _BLOCK)
         self._tree = self._arrays.pop("_tree")
-        self._leaves = self._tree.shape[0] // 2
-        self._tree_mv = memoryview(self._tree)  # type: ignore[arg-type]
+        self._prioritized = config.prioritized
+        self._leaves = self._tree.shape[0] // 2  # leaves of the block tree: one per block, padded to P
+        # float64 items; typeshed types memoryview items as int
+        self._tree_mv: Any = memoryview(self._tree)  # type: ignore[arg-type]
         self._depth = int(math.log2(self._leaves)) if self._leaves else 0
         self._item_nbytes = item_nbytes(self.signature)
         self._closed = False
@@ -310,7 +330,7 @@ class ReplayTable:
         self._closed = True
         self._arrays.clear()
         self._tree_mv.release()
-        del self._counters, self._max_priority, self._lap, self._tree
+        del self._counters, self._max_priority, self._prio, self._prio_blocks, self._tree
         if self._shm is not None:
             self._shm.close()
             if self._owner:
@@ -343,12 +363,12 @@ class ReplayTable:
             runs = [(first, min(first + k, cap), 0)]
             if first + k > cap:
                 runs.append((0, first + k - cap, cap - first))
-            leaf = np.float32((float(self._max_priority[0]) + self.config.priority_eps) ** self.config.alpha)
+            top = (float(self._max_priority[0]) + self.config.priority_eps) ** self.config.alpha
+            leaf = np.float16(min(max(top, _LEAF_MIN), _LEAF_MAX))  # as `_quantise`, without its numpy calls
             for lo, hi, offset in runs:
                 for name, arr in batch.items():
                     self._arrays[name][lo:hi] = arr[offset : offset + hi - lo]
-                self._lap[lo:hi] = (inserts + offset) // cap
-                if self._leaves:
+                if self._prioritized:
                     self._set_leaf_run(lo, hi, leaf)
             self._counters[0] = inserts + k
         finally:
@@ -359,7 +379,8 @@ class ReplayTable:
         """Draw `batch_size` items (with replacement), by priority or uniformly.
 
         Prioritized draws are stratified: the total priority mass is cut into `batch_size` equal
-        segments and one item drawn from each by a single vectorised descent of the sum tree.
+        segments and one item drawn from each by a single vectorised descent of the block tree,
+        then a vectorised cumulative search inside the drawn blocks.
         Returns None if the rate limiter held the call longer than `timeout`.
         """
         if batch_size < 1:
@@ -375,11 +396,11 @@ class ReplayTable:
             return None
         try:
             size = self._size()
-            if self._leaves:
+            if self._prioritized:
                 total = float(self._tree[1])
                 targets = (np.arange(batch_size) + self._rng.random(batch_size)) * (total / batch_size)
                 slots = self._descend(targets)
-                probabilities = self._tree[slots + self._leaves].astype(np.float64) / total
+                probabilities = self._prio[slots].astype(np.float64) / total
                 weights = (size * probabilities) ** -beta
                 weights = (weights / weights.max()).astype(np.float32)
             else:
@@ -387,7 +408,7 @@ class ReplayTable:
                 probabilities = np.full(batch_size, 1.0 / size)
                 weights = np.ones(batch_size, dtype=np.float32)
             data = {name: arr[slots] for name, arr in self._arrays.items()}
-            keys = self._lap[slots].astype(np.int64) * self.config.capacity + slots
+            keys = self._keys(slots)
             self._counters[1] += batch_size
         finally:
             self._lock.release()
@@ -407,17 +428,17 @@ class ReplayTable:
                 "Replay.update_priorities: priorities must be finite and >= 0 (pass |TD error|), "
                 f"got min={priorities.min(initial=0.0)} max={priorities.max(initial=0.0)}"
             )
-        if not self._leaves or keys.size == 0:
+        if not self._prioritized or keys.size == 0:
             return
         cap = self.config.capacity
         with self._lock:
-            slots = keys % cap
-            live = (self._lap[slots].astype(np.int64) == keys // cap) & (keys < self._counters[0]) & (keys >= 0)
+            inserts = int(self._counters[0])
+            live = (keys < inserts) & (keys >= max(inserts - cap, 0))
             if not live.any():
                 return
             p = priorities[live]
             self._max_priority[0] = max(float(self._max_priority[0]), float(p.max()))
-            self._set_leaves(slots[live], ((p + self.config.priority_eps) ** self.config.alpha).astype(np.float32))
+            self._set_leaves(keys[live] % cap, self._quantise(p))
 
     def stats(self) -> ReplayStats:
         """Return size, counters and the exact bytes of the preallocated buffer."""
@@ -442,8 +463,8 @@ class ReplayTable:
             seq = np.arange(inserts - size, inserts, dtype=np.int64)
             slots = seq % self.config.capacity
             arrays = {name: arr[slots] for name, arr in self._arrays.items()}
-            if self._leaves:
-                arrays["_priority"] = self._tree[slots + self._leaves].copy()
+            if self._prioritized:
+                arrays["_priority"] = self._prio[slots].astype(np.float32)
             max_priority = float(self._max_priority[0])
         meta = {
             "format": _STATE_FORMAT,
@@ -469,7 +490,7 @@ class ReplayTable:
                 f"Replay.load_state: the state's signature {theirs} differs from this table's {self.signature}; "
                 "restore into a table made with the same signature"
             )
-        if self._leaves and meta["config"].get("alpha") != self.config.alpha:
+        if self._prioritized and meta["config"].get("alpha") != self.config.alpha:
             raise ReplayError(
                 f"Replay.load_state: the state was stored with alpha={meta['config'].get('alpha')}, this table "
                 f"uses alpha={self.config.alpha}; priorities are kept as priority ** alpha, so use the same alpha"
@@ -487,13 +508,12 @@ class ReplayTable:
                 )
             for name in self.signature:
                 self._arrays[name][slots] = arrays[name][n - keep :]
-            self._lap[slots] = seq // self.config.capacity
-            if self._leaves:
-                if "_priority" in arrays:
-                    leaves = np.asarray(arrays["_priority"][n - keep :], dtype=np.float32)
+            if self._prioritized:
+                if "_priority" in arrays:  # stored as priority ** alpha (float32; older tables kept float32 leaves)
+                    stored = np.asarray(arrays["_priority"][n - keep :], dtype=np.float64)
+                    leaves = np.clip(stored, _LEAF_MIN, _LEAF_MAX).astype(np.float16)
                 else:  # from a uniform table: every item at the highest priority
-                    top = (float(meta["max_priority"]) + self.config.priority_eps) ** self.config.alpha
-                    leaves = np.full(keep, top, dtype=np.float32)
+                    leaves = np.full(keep, self._quantise(np.asarray(float(meta["max_priority"]))), dtype=np.float16)
                 self._set_leaves(slots, leaves)
             self._max_priority[0] = float(meta["max_priority"])
             self._counters[:] = (inserts, samples)
@@ -549,49 +569,81 @@ class ReplayTable:
             time.sleep(pause if deadline is None else min(pause, max(deadline - time.monotonic(), 0.0)))
             pause = min(pause * 2, 1e-3)
 
+    def _keys(self, slots: np.ndarray) -> np.ndarray:
+        """Insert number of each slot's item: the largest ``s < inserts`` with ``s % capacity == slot``."""
+        last = int(self._counters[0]) - 1
+        keys: np.ndarray = last - (last - slots.astype(np.int64)) % self.config.capacity
+        return keys
+
+    def _quantise(self, priorities: np.ndarray) -> np.ndarray:
+        """Leaf values ``(priority + eps) ** alpha`` as float16, clipped so none is zero or infinite."""
+        scaled = (priorities + self.config.priority_eps) ** self.config.alpha
+        leaves: np.ndarray = np.clip(scaled, _LEAF_MIN, _LEAF_MAX).astype(np.float16)
+        return leaves
+
     def _set_leaves(self, slots: np.ndarray, values: np.ndarray) -> None:
-        """Write leaves and recompute their ancestors from their children (exact, no drift from deltas)."""
-        pos = slots.astype(np.int64) + self._leaves
-        self._tree[pos] = values
-        if pos.shape[0] <= _SCALAR_UPDATE_MAX:
-            # A few leaves (an actor's single insert): plain Python over a memoryview beats ~4 numpy calls
-            # per tree level by an order of magnitude.
-            mv = self._tree_mv
-            for i in pos.tolist():
-                for _ in range(self._depth):
-                    i >>= 1
-                    mv[i] = mv[2 * i] + mv[2 * i + 1]
+        """Write leaves, recompute each touched block's sum from its leaves and the block's path to the root."""
+        slots = slots.astype(np.int64)
+        self._prio[slots] = values
+        blocks = slots // _BLOCK
+        if blocks.shape[0] <= _SCALAR_UPDATE_MAX:
+            self._refresh_blocks(set(blocks.tolist()))
             return
         tree = self._tree
+        pos = blocks + self._leaves  # repeated blocks are written twice with the same value: harmless
+        tree[pos] = self._prio_blocks[blocks].sum(axis=1, dtype=np.float64)
         for _ in range(self._depth):
             pos >>= 1
             tree[pos] = tree[2 * pos] + tree[2 * pos + 1]
 
-    def _set_leaf_run(self, lo: int, hi: int, value: np.float32) -> None:
-        """Set leaves ``lo..hi-1`` to `value`; their ancestors form one contiguous run per level."""
+    def _refresh_blocks(self, blocks: Iterable[int]) -> None:
+        """Recompute a few blocks' sums and their paths to the root.
+
+        For an actor's single insert, plain Python over a memoryview beats ~4 numpy calls per tree level
+        by an order of magnitude.
+        """
+        mv, rows = self._tree_mv, self._prio_blocks
+        for block in blocks:
+            i = block + self._leaves
+            mv[i] = float(rows[block].sum(dtype=np.float64))
+            for _ in range(self._depth):
+                i >>= 1
+                mv[i] = mv[2 * i] + mv[2 * i + 1]
+
+    def _set_leaf_run(self, lo: int, hi: int, value: np.float16) -> None:
+        """Set leaves ``lo..hi-1`` to `value`; their blocks and ancestors form one contiguous run per level."""
+        self._prio[lo:hi] = value
         if hi - lo <= _SCALAR_UPDATE_MAX:
-            self._set_leaves(np.arange(lo, hi), np.full(hi - lo, value, dtype=np.float32))
+            self._refresh_blocks(range(lo // _BLOCK, (hi - 1) // _BLOCK + 1))
             return
         tree = self._tree
-        lo, hi = lo + self._leaves, hi - 1 + self._leaves
-        tree[lo : hi + 1] = value
+        lo, hi = lo // _BLOCK, (hi - 1) // _BLOCK
+        tree[lo + self._leaves : hi + self._leaves + 1] = self._prio_blocks[lo : hi + 1].sum(axis=1, dtype=np.float64)
+        lo, hi = lo + self._leaves, hi + self._leaves
         for _ in range(self._depth):
             lo, hi = lo >> 1, hi >> 1
             tree[lo : hi + 1] = tree[2 * lo : 2 * hi + 2 : 2] + tree[2 * lo + 1 : 2 * hi + 2 : 2]
 
     def _descend(self, targets: np.ndarray) -> np.ndarray:
-        """Leaf slot holding each target's prefix-sum mass: one vectorised root-to-leaf walk for the batch."""
+        """Slot holding each target's prefix-sum mass: one vectorised walk to a block, then a search inside it."""
         tree = self._tree
         idx = np.ones(targets.shape[0], dtype=np.int64)
         u = targets.astype(np.float64)
         for _ in range(self._depth):
             left = 2 * idx
             left_sum = tree[left]
-            # The second test keeps float32 rounding (u at or past the total) from walking into empty slots.
+            # The second test keeps rounding (u at or past the total) from walking into empty blocks.
             go_right = (u >= left_sum) & (tree[left + 1] > 0)
             u -= np.where(go_right, left_sum, 0.0)
             idx = left + go_right
-        slots: np.ndarray = idx - self._leaves
+        blocks = idx - self._leaves
+        rows = self._prio_blocks[blocks]
+        within = np.minimum(np.count_nonzero(np.cumsum(rows, axis=1, dtype=np.float64) <= u[:, None], axis=1),
+                            _BLOCK - 1)
+        empty = rows[np.arange(rows.shape[0]), within] == 0
+        if empty.any():  # u at or past its block's sum (rounding) landed on an empty slot: take the last filled one
+            within[empty] = _BLOCK - 1 - np.argmax(rows[empty, ::-1] > 0, axis=1)
+        slots: np.ndarray = blocks * _BLOCK + within
         return slots
 
     def _check_items(self, items: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
