@@ -37,8 +37,9 @@ def run_strata(seed: int, budget: int) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as run_dir:
         started, cpu_started = time.perf_counter(), time.process_time()
-        result = train(env_id=ENV_ID, total_steps=budget, run_dir=Path(run_dir), seed=seed, config=PPOConfig(),
-                       target_return=SOLVED, progress=False, log=lambda _: None)
+        # In-process envs, like SB3's DummyVecEnv: the comparison is learner against learner.
+        result = train(env_id=ENV_ID, total_steps=budget, run_dir=Path(run_dir), seed=seed,
+                       config=PPOConfig(env_mode="sync"), target_return=SOLVED, progress=False, log=lambda _: None)
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     solved = result.solved_at_step is not None
     return {"solved": solved, "steps": result.solved_at_step if solved else budget, "wall_s": wall, "cpu_s": cpu,

@@ -48,8 +48,9 @@ class PPOConfig:
     """Parallel environments that feed the learner."""
     num_steps: int = 32
     """Steps per environment in each rollout (the batch is num_envs * num_steps transitions)."""
-    env_mode: str = "sync"
-    """Where the envs run: a mode registered in cloud._envs.VECTOR_ENV_MODES ("sync" = in this process)."""
+    env_mode: str = "colocated"
+    """Where the envs run: a mode registered in cloud._envs.VECTOR_ENV_MODES ("colocated" = the shared-memory
+    worker pool on this host, "sync" = in the learner process, "decoupled" = gRPC env services)."""
 
     # --- optimisation ---
     learning_rate: float = 1e-3
