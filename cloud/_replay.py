@@ -3,10 +3,12 @@
 One `ReplayTable` holds every array in a single buffer allocated at construction, so its memory is
 bounded by construction and `ReplayStats.nbytes` is exact:
 
-    fields     [capacity, *shape] per signature field      the transitions, in ring order
-    _prio      float16 [nblocks * B]   (B = 32)             priority ** alpha per slot, in ring order (prioritized only)
-    _tree      float64 [2 * P]  (P = next power of 2 >= nblocks)  sum tree over the blocks' sums (prioritized only)
-    _counters  int64 [2] + float64 [1]                     inserts, samples, max priority seen
+    fields     [capacity, *shape] per signature field   the transitions, in ring order
+    _prio      float16 [nblocks * B]                    priority ** alpha per slot, in ring order (prioritized only)
+    _tree      float64 [2 * P]                          sum tree over the sums of blocks of B leaves (prioritized only)
+    _counters  int64 [2] + float64 [1]                  inserts, samples, max priority seen
+
+with B = 32, nblocks = ceil(capacity / B) and P the next power of 2 >= nblocks.
 
 About 2.5 bytes per slot at capacity 1M (2 for the leaf, 0.5 for the block tree). A prioritized batch
 is one vectorised descent of the block tree for the whole batch, then a vectorised cumulative search
