@@ -151,8 +151,8 @@ def child(args: argparse.Namespace) -> None:
             print(json.dumps({"acts": [a.counters.first_act_at.get(v) for a in agents],
                               "cpu_s": time.process_time() - cpu_mark}), flush=True)
         elif cmd == "stages":
-            print(json.dumps({"stages": [{str(k): v for k, v in a.counters.update_stages.items()} for a in agents]}),
-                  flush=True)
+            traces = [getattr(a.counters, "update_stages", {}) for a in agents]  # absent in older agents
+            print(json.dumps({"stages": [{str(k): v for k, v in t.items()} for t in traces]}), flush=True)
         elif cmd == "quit":
             break
     for a in agents:
@@ -265,7 +265,7 @@ def propagation(n_agents: int, n_procs: int, rounds: int, tmp: Path) -> dict[str
             "floor_max_ms": max(floor) * ms, "prop_p50_ms": _pct(prop, 50) * ms, "prop_p99_ms": _pct(prop, 99) * ms,
             "prop_max_ms": max(prop) * ms,
             "window_p50_ms": _pct(windows, 50) * ms, "window_cpu_p50_ms": _pct(window_cpu, 50) * ms,
-            "critical_cpu_sum_p50_ms": _pct(list(critical_by_version.values()), 50),
+            "critical_cpu_sum_p50_ms": _pct(list(critical_by_version.values()), 50) if critical_by_version else None,
             "window_cores_used_p50": _pct([c / w for c, w in zip(window_cpu, windows, strict=True) if w > 0], 50),
             "stages_ms": {name: {"p50": round(_pct(v, 50), 3), "p99": round(_pct(v, 99), 3), "max": round(max(v), 3)}
                           for name, v in per_stage.items()}}
@@ -294,7 +294,8 @@ def inference_overhead(calls: int, spaced_calls: int) -> dict[str, float]:
         policy.act(obs)
 
     def measure(n: int, period: float) -> tuple[list[float], list[float]]:
-        b_times, a_times = [], []
+        b_times: list[float] = []
+        a_times: list[float] = []
         for _ in range(n):
             for fn, out in ((bare_call, b_times), (agent_call, a_times)):
                 t0 = time.perf_counter()
@@ -344,9 +345,9 @@ def main() -> None:
     print(f"window publish -> last agent acting p50 {prop['window_p50_ms']:.1f} ms; CPU our processes "
           f"(agents + broker) used in it p50 {prop['window_cpu_p50_ms']:.1f} ms = "
           f"{prop['window_cores_used_p50']:.2f} of {os.cpu_count()} cores; critical-path CPU of all agents p50 "
-          f"{prop['critical_cpu_sum_p50_ms']:.1f} ms")
+          f"{prop['critical_cpu_sum_p50_ms'] or float('nan'):.1f} ms")
     print(f"{'per-agent update stage':28s}{'p50 ms':>10s}{'p99 ms':>10s}{'max ms':>10s}")
-    for name, q in prop["stages_ms"].items():
+    for name, q in prop["stages_ms"].items():  # empty for an agent without update tracing
         print(f"{'  ' + name:28s}{q['p50']:10.2f}{q['p99']:10.2f}{q['max']:10.2f}")
     verdict = "met" if prop["prop_p99_ms"] <= goal_ms else "NOT met"
     print(f"goal p99 <= 2 x floor p99 + 20 ms = {goal_ms:.1f} ms: {verdict}")
