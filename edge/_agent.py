@@ -159,9 +159,9 @@ class AgentCounters:
     update_stages: dict[int, dict[str, float]] = field(default_factory=dict)
     """Milliseconds each stage of an update took, per installed version: ``queued`` (received until the
     updater took it), ``verify``, the health check's own stages (``health_*``), ``install``, ``first_act``
-    (installed until the first decision with it), ``persist`` (the A/B cache writes after acting) and
-    ``critical_cpu`` (CPU time of the updater thread from taking the bundle until installing it) and
-    ``persist_cpu`` (its CPU time for the cache writes)."""
+    (installed until the first decision with it), ``persist`` (the A/B cache writes after acting), and the
+    updater thread's CPU time: ``critical_cpu`` (taking the bundle until installing it) and ``persist_cpu``
+    (the cache writes). The newest 64 versions are kept."""
 
 
 class EdgeAgent:
@@ -439,7 +439,7 @@ class EdgeAgent:
         verified = time.perf_counter()
         policy, report = self._checker.check(bundle)
         if policy is None:
-            self.cache.stage(bundle)
+            self.cache.stage(bundle, data=data)
             self.cache.discard(report.reason)
             self.counters.health_failures.append(report.reason)
             self._note_error(f"health check of {bundle.policy} v{bundle.version} failed: {report.reason}; "

@@ -4,6 +4,7 @@
 `check_policy` is the health check of the A/B cache: within a deadline the new policy must load, its graph and
 manifest must match the local simulator's spaces, its outputs must be finite and valid actions, its p99
 latency must be within budget, and, optionally, it must reach a minimum return on the simulator.
+`HealthChecker` runs the same check for many bundles against one simulator, read once (what an agent keeps).
 """
 
 from __future__ import annotations
