@@ -16,10 +16,8 @@ Prints a table and ends with one JSON line. ``--quick`` runs fewer rounds and ag
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,33 +26,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _mosquitto
 import numpy as np
 
 FLOOR_TOPIC = "bench/floor"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_mosquitto(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    conf = workdir / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\nset_tcp_nodelay true\n"
-                    f"user {getpass.getuser()}\nmax_queued_messages 100000\n")
-    binary = "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else "mosquitto"
-    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"mqtt://127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.02)
-    proc.kill()
-    raise RuntimeError("mosquitto did not start")
+    return _mosquitto.start_mosquitto(workdir, "max_queued_messages 100000")
 
 
 def cartpole_onnx() -> bytes:

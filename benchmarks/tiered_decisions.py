@@ -28,39 +28,22 @@ output line is one JSON object.
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import _mosquitto
 import numpy as np
 
 OBS = {"type": "Box", "shape": [4], "dtype": "float32", "low": ["-inf"] * 4, "high": ["inf"] * 4}
 
 
 def start_mosquitto(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    conf = workdir / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\nset_tcp_nodelay true\n"
-                    f"user {getpass.getuser()}\nlog_dest stderr\nlog_type error\n")
-    binary = "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else "mosquitto"
-    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"mqtt://127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.02)
-    proc.kill()
-    raise RuntimeError("mosquitto did not start")
+    return _mosquitto.start_mosquitto(workdir, "log_dest stderr", "log_type error")
 
 
 def teacher_model() -> bytes:
