@@ -171,7 +171,8 @@ class FragmentSource:
     """Rollout fragments from M env services, `inflight` requests per service, failures re-issued."""
 
     def __init__(self, addresses: Sequence[str], *, steps: int, timeout_s: float = 5.0, inflight: int = 2,
-                 codec: str = "", gate: StalenessGate | None = None, refresh_policy: bool = False) -> None:
+                 codec: str = "", gate: StalenessGate | None = None, refresh_policy: bool = False,
+                 owned: Sequence[ServiceProcess] = ()) -> None:
         if steps < 1 or inflight < 1:
             raise DecoupledError(f"FragmentSource: steps={steps} and inflight={inflight} must be >= 1")
         self.clients = [EnvServiceClient(a, timeout_s=timeout_s) for a in parse_services(addresses)]
@@ -186,11 +187,15 @@ class FragmentSource:
         self._alive = [True] * len(self.clients)
         self._done: queue.Queue[tuple[int, Any]] = queue.Queue()
         self._pending: Counter[int] = Counter()
+        self._owned = list(owned)
 
     def close(self) -> None:
-        """Close every channel."""
+        """Close every channel, and stop the services handed over in `owned` (started for this source)."""
         for c in self.clients:
             c.close()
+        for p in self._owned:
+            p.stop()
+        self._owned.clear()
 
     def set_policy(self, bundle: bytes) -> int:
         """Push a bundle to every live service; return its version (the learner's current version)."""

@@ -186,16 +186,7 @@ def _fragment_builder(mode: str, *, env_id: str, config: Any, switching: Switchi
         envs_per_service = max(1, config.num_envs // 2)
         services = start_services(env_id, count=2, envs=envs_per_service, seed=seed,
                                   trust=[str(publisher.public_key)])
-        source = FragmentSource([s.address for s in services], steps=config.num_steps, inflight=1)
-        close = source.close
-
-        def close_all() -> None:
-            close()
-            for s in services:
-                s.stop()
-
-        source.close = close_all  # type: ignore[method-assign]
-        return source
+        return FragmentSource([s.address for s in services], steps=config.num_steps, inflight=1, owned=services)
 
     return lambda: FragmentFeed(mode, make_services, bundle_for=publisher.bundle, agent=agent,
                                 normalizer=normalizer, num_envs=config.num_envs, num_steps=config.num_steps,

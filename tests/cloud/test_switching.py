@@ -147,3 +147,17 @@ def test_switch_status_and_runs_from_the_cli(tmp_path: Path) -> None:
     assert "stopped" in after.stdout and "decoupled" in after.stdout
     missing = run_strata("status", str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "control.json is missing" in missing.stderr
+
+
+def test_fragment_mode_env_services_act_with_the_exported_policy(tmp_path: Path) -> None:
+    # "fragments": env services act themselves with the learner's policy, exported as a signed bundle per version.
+    result = train(env_id="CartPole-v1", total_steps=256 * 8, run_dir=tmp_path / "run", seed=5,
+                   config=PPOConfig(num_envs=8, num_steps=32),
+                   switching=SwitchingConfig(modes=("sync", "fragments"), control=False),
+                   rules=SwitchRules(phase_steps=256 * 2, phase_to="fragments"), log=lambda _: None)
+    assert [(e.from_mode, e.to_mode) for e in result.switches] == [("sync", "fragments")]
+    accounting = result.accounting
+    assert accounting is not None
+    assert accounting["produced"] == accounting["consumed"] == 256 * 8
+    assert accounting["duplicates"] == 0 and accounting["gaps"] == 0
+    assert (tmp_path / "run" / "keys" / "strata-signing.pub").exists()  # the hosts verified bundles with it
