@@ -87,7 +87,7 @@ class ColocatedConfig:
 
     # Buffers
     info_bytes: int = 1 << 16
-    """Shared-memory bytes per worker and slot for the (pickled) infos of one step; only non-empty infos use it."""
+    """Shared-memory bytes per worker and slot for the (encoded) infos of one step; only non-empty infos use it."""
 
     def __post_init__(self) -> None:
         if self.num_workers is not None and self.num_workers < 1:

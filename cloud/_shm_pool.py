@@ -4,7 +4,7 @@ Pipeline of one step, per worker process (W workers, K envs each, N = W*K):
 
     parent: write actions into shm ─> bump cmd_seq[w, slot] ─> post cmd_sem[w]
     worker: spin-then-block (Spinner) on cmd_sem[w] ─> step its envs of `slot` ─> write obs/reward/flags (and
-            pickled infos only if an env returned a non-empty info) ─> done_seq[w, slot] = seq ─> post done_sem[w][slot]
+            encoded infos only if an env returned a non-empty info) ─> done_seq[w, slot] = seq ─> post done_sem[w][slot]
     parent: spin-then-block on done_sem[w][slot] (slicing the block to check liveness and the timeout)
 
 A slot is half 0, half 1 or all envs: the halves let the learner run the policy on one half while the
@@ -25,7 +25,6 @@ import enum
 import logging
 import multiprocessing as mp
 import os
-import pickle
 import signal
 import time
 import traceback
@@ -43,6 +42,7 @@ from gymnasium.vector.utils import batch_space
 
 from cloud._colocated import ColocatedConfig, PoolCounters, spin_times_us
 from cloud._errors import EnvWorkerError, PoolStateError, UnsupportedSpaceError, WorkerFailedError
+from cloud._infocodec import decode_info, encode_info
 from cloud._shm import ShmArena, ShmLayout, attach
 
 log = logging.getLogger(__name__)
@@ -290,10 +290,10 @@ class _EnvRunner:
         if not payload:
             self.info_len[slot] = 0
             return
-        data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        data = encode_info(payload)
         if len(data) > self.spec.info_bytes:
             raise ValueError(
-                f"SharedMemoryVectorEnv worker {self.spec.index}: the infos of one step pickle to {len(data)} bytes, "
+                f"SharedMemoryVectorEnv worker {self.spec.index}: the infos of one step encode to {len(data)} bytes, "
                 f"more than ColocatedConfig(info_bytes={self.spec.info_bytes}); raise info_bytes"
             )
         self.info_buf[slot, : len(data)] = np.frombuffer(data, dtype=np.uint8)
@@ -784,14 +784,11 @@ class SharedMemoryVectorEnv(VectorEnv):
             if failure is not None and failure.worker_index == w:
                 continue
             length = int(self._info_len[w, slot])
-            # Infos and env exceptions are arbitrary Python objects (as in gymnasium's AsyncVectorEnv, which
-            # pickles them through its pipes). They are unpickled only here, from a segment this process created
-            # with mode 0600 and that only its own worker processes write: never network or file data. Every
-            # array (obs, actions, rewards, flags, final obs) travels as a raw buffer and is never pickled.
+            # Infos and error records are decoded without pickle (cloud._infocodec), like everything else here.
             if self._status[w, slot] == _ERROR:
-                errors.append((wk, pickle.loads(self._info_buf[w, slot, :length].tobytes())))
+                errors.append((wk, decode_info(self._info_buf[w, slot, :length].tobytes())))
             elif length:
-                blobs.append(pickle.loads(self._info_buf[w, slot, :length].tobytes()))
+                blobs.append(decode_info(self._info_buf[w, slot, :length].tobytes()))
         del self._in_flight[slot]
         if failure is not None:
             raise failure
