@@ -6,7 +6,8 @@
                ├── PoolStateError          a call out of order (step_wait without step_async, use after close)
                ├── UnsupportedSpaceError   a space that has no fixed-shape numpy layout in shared memory
                ├── EnvWorkerError          an env raised inside a worker (carries env_index and the traceback)
-               └── WorkerFailedError       a worker process crashed or hung past its timeout
+               ├── WorkerFailedError       a worker process crashed or hung past its timeout
+               └── InfoEncodingError       an env info value that cannot cross the pool's pickle-free info channel
 
 Other cloud modules add their own subclasses of `CloudError` here. Messages name the call, the bad value
 and the fix.
@@ -59,3 +60,7 @@ class WorkerFailedError(ColocatedError):
     def __init__(self, message: str, *, worker_index: int) -> None:
         super().__init__(message)
         self.worker_index = worker_index
+
+
+class InfoEncodingError(ColocatedError, TypeError):
+    """An env returned an info value that cannot cross the pool's info channel (`cloud._infocodec`)."""

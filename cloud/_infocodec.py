@@ -14,14 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from cloud._errors import ColocatedError
+from cloud._errors import InfoEncodingError
 from device import pack_arrays, unpack_arrays
 
 _SCALAR_DTYPE = re.compile(r"[<>|=]?[biuf][1248]")
-
-
-class InfoEncodingError(ColocatedError, TypeError):
-    """An env returned an info value that cannot cross the pool's info channel."""
 
 
 def encode_info(value: Any) -> bytes:
