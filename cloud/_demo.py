@@ -158,24 +158,16 @@ def run_demo(config: DemoConfig) -> int:
 def _evaluate(bundle: Any, *, seed: int) -> list[float]:
     import gymnasium as gym
 
+    from cloud._envs import episode_returns
     from device import NumpyExecutor
 
     executor = NumpyExecutor.from_bundle(bundle)
     env = gym.make(ENV_ID)
-    returns: list[float] = []
     try:
-        for episode in range(EVAL_EPISODES):
-            obs, _ = env.reset(seed=10_000 + 1000 * seed + episode)
-            total, done = 0.0, False
-            while not done:
-                action = executor.act(np.asarray(obs, dtype=np.float32)[None])
-                obs, reward, terminated, truncated, _ = env.step(int(action[0]))
-                total += float(reward)
-                done = terminated or truncated
-            returns.append(total)
+        return episode_returns(env, lambda obs: int(executor.act(obs[None])[0]), episodes=EVAL_EPISODES,
+                               seed=10_000 + 1000 * seed)
     finally:
         env.close()
-    return returns
 
 
 def _summary(config: DemoConfig, result: Any, exported: Any, bundle: Any, bundle_path: Path, micro: Any,

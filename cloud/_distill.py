@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from cloud._envs import episode_returns
 from cloud._errors import CloudError
 from device import Bundle, ConfigError, SigningKey, StateRegion, build_bundle, quantize_model, require
 
@@ -179,16 +180,7 @@ def _rollout(env: Any, act: Callable[[np.ndarray], Any], steps: int, seed: int) 
 
 
 def _evaluate(env: Any, act: Callable[[np.ndarray], Any], episodes: int, seed: int) -> float:
-    returns = []
-    for ep in range(episodes):
-        obs, _ = env.reset(seed=seed + ep)
-        total, done = 0.0, False
-        while not done:
-            obs, reward, terminated, truncated, _ = env.step(act(np.asarray(obs, dtype=np.float32)))
-            total += float(reward)
-            done = bool(terminated or truncated)
-        returns.append(total)
-    return float(np.mean(returns))
+    return float(np.mean(episode_returns(env, act, episodes=episodes, seed=seed)))
 
 
 def _student(obs_dim: int, out_dim: int, config: DistillConfig) -> torch.nn.Sequential:

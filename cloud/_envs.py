@@ -129,3 +129,22 @@ def probe_spaces(env_id: str) -> tuple[Any, Any]:
         return probe.observation_space, probe.action_space
     finally:
         probe.close()
+
+
+def episode_returns(env: Any, act: Callable[[Any], Any], *, episodes: int, seed: int) -> list[float]:
+    """Undiscounted returns of `episodes` episodes of `act` in the single env `env` (episode ``i`` seeded ``seed + i``).
+
+    `act` gets each observation as a float32 array and returns the action to step with.
+    """
+    import numpy as np
+
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        total, done = 0.0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(act(np.asarray(obs, dtype=np.float32)))
+            total += float(reward)
+            done = bool(terminated or truncated)
+        returns.append(total)
+    return returns

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from cloud._envs import episode_returns
 from cloud._errors import CloudError
 from cloud._replay import Replay, ReplayConfig, ReplayStats, SampleBatch, Signature, annealed_beta, make_replay
 from device import Bundle, ConfigError, SigningKey, build_bundle, require, space_bounds
@@ -551,20 +552,11 @@ def evaluate_onnx_policy(model: bytes, *, env_id: str, episodes: int, seed: int)
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     env = gym.make(env_id)
-    returns = []
     try:
-        for episode in range(episodes):
-            obs, _ = env.reset(seed=seed + episode)
-            total, done = 0.0, False
-            while not done:
-                (action,) = session.run(["action"], {"obs": np.asarray(obs, np.float32)[None]})
-                obs, reward, terminated, truncated, _ = env.step(action[0])
-                total += float(reward)
-                done = terminated or truncated
-            returns.append(total)
+        return episode_returns(env, lambda obs: session.run(["action"], {"obs": obs[None]})[0][0], episodes=episodes,
+                               seed=seed)
     finally:
         env.close()
-    return returns
 
 
 def train_sac(config: SACConfig, *, env_id: str, run_dir: Path, seed: int, total_steps: int,
