@@ -32,7 +32,7 @@ def test_mosquitto_delivers_a_retained_message(mosquitto: Mosquitto) -> None:
     sub.connect(mosquitto.host, mosquitto.port)
     sub.subscribe("strata-test/retained", qos=1)
     sub.loop_start()
-    assert got.wait(5)
+    assert got.wait(60)
     sub.loop_stop()
     sub.disconnect()
     assert received == [b"hello"]

@@ -78,7 +78,7 @@ def test_sigkilled_worker_is_restarted_and_its_episodes_are_reported_truncated(m
 
 
 class _HangOnce(gym.Wrapper[Any, Any, Any, Any]):
-    """CartPole whose third step sleeps for a minute, once per marker file."""
+    """CartPole whose third step sleeps for an hour, once per marker file."""
 
     def __init__(self, marker: str) -> None:
         super().__init__(gym.make("CartPole-v1"))
@@ -88,14 +88,14 @@ class _HangOnce(gym.Wrapper[Any, Any, Any, Any]):
         self.steps += 1
         if self.steps == 3 and not os.path.exists(self.marker):
             Path(self.marker).touch()
-            time.sleep(60)
+            time.sleep(3600)
         return self.env.step(action)
 
 
 def test_hung_worker_is_killed_after_the_timeout_and_restarted(tmp_path: Path) -> None:
     marker = str(tmp_path / "hung")
     fns = [lambda: gym.make("CartPole-v1"), lambda: _HangOnce(marker)]
-    pool = SharedMemoryVectorEnv(fns, config=ColocatedConfig(num_workers=2, step_timeout_s=1.0))
+    pool = SharedMemoryVectorEnv(fns, config=ColocatedConfig(num_workers=2, step_timeout_s=5.0))
     try:
         pool.reset(seed=0)
         actions = np.zeros(2, dtype=np.int64)
@@ -103,7 +103,7 @@ def test_hung_worker_is_killed_after_the_timeout_and_restarted(tmp_path: Path) -
         pool.step(actions)
         started = time.monotonic()
         _, _, _, truncated, info = pool.step(actions)
-        assert time.monotonic() - started < 30
+        assert time.monotonic() - started < 120  # killed after step_timeout_s, not after the hour
         assert pool.counters.worker_timeouts == 1 and pool.counters.dropped_episodes == 1
         np.testing.assert_array_equal(truncated, [False, True])
         np.testing.assert_array_equal(info["_worker_restarted"], [False, True])
@@ -176,7 +176,7 @@ def test_sigint_of_the_parent_leaves_no_shared_memory_and_no_workers(context: st
     assert "KeyboardInterrupt" in stderr
     assert "resource_tracker" not in stderr and "leaked" not in stderr, stderr
     assert not Path(f"/dev/shm/{name}").exists()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while not all(dead(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert all(dead(pid) for pid in pids)
@@ -190,7 +190,7 @@ def test_a_worker_killed_with_both_halves_in_flight_reports_each_half_truncated(
         assert list(h0) == [0, 2] and list(h1) == [1, 3]
         victim = pool.worker_pids[0]
         os.kill(victim, signal.SIGKILL)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while not dead(victim) and time.monotonic() < deadline:
             time.sleep(0.01)
         pool.step_half_async(0, np.zeros(2, dtype=np.int64))

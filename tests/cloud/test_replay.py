@@ -148,7 +148,7 @@ def test_min_size_holds_samples_without_blocking_when_asked(make: MakeReplay) ->
     assert replay.sample(2, timeout=0) is None
     started = time.monotonic()
     assert replay.sample(2, timeout=0.2) is None
-    assert 0.15 < time.monotonic() - started < 5
+    assert 0.15 < time.monotonic() - started < 60  # it waited its timeout; the bound fails only a hang
     assert replay.stats().samples == 0
     replay.insert(items(4, 1))
     assert replay.sample(2, timeout=0) is not None

@@ -105,7 +105,7 @@ def test_async_duplicate_deliveries_are_dropped_by_rollout_id(aws_env: MotoServe
     assert stats.duplicates_injected == 4
     # every rollout id ran twice and both results reached S3, yet each transition was yielded once
     s3 = boto3.client("s3", region_name="us-east-1")
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while True:
         listing = s3.list_objects_v2(Bucket="rollouts", Prefix="strata-rollouts/")
         markers = [o["Key"] for o in listing["Contents"] if o["Key"].endswith(".json")]
@@ -240,15 +240,23 @@ def test_the_source_ramps_within_the_local_scaling_rule_and_follows_demand(
         creds: None, runtime_factory: list[LocalRuntime]) -> None:
     import math
 
+    # The ramp is read on a clock the test controls: a quarter period passes per fragment received, so the rule
+    # is checked exactly, and demand lasts until the cap is reached, however fast the machine steps.
+    now = [0.0]
     rt = start_runtime(FaultConfig(), concurrency=6)
     runtime_factory.append(rt)
-    with ServerlessRolloutSource(config(rt.url, max_concurrency=6, steps_per_invocation=1000,
-                                        fragment_length=0)) as src:
-        list(src.fragments(count=100))
+    cfg = config(rt.url, max_concurrency=6, steps_per_invocation=1000, fragment_length=0)
+    with ServerlessRolloutSource(cfg, clock=lambda: now[0]) as src:
         history = src.stats.concurrency
-    assert max(f for _, _, f in history) == 6  # demand is unbounded: it reaches the cap ...
+        for received, _ in enumerate(src.fragments(), start=1):  # demand is unbounded ...
+            if max(f for _, _, f in history) == 6:
+                break  # ... so it reaches the cap
+            assert received < 200, "the ramp never reached max_concurrency=6"
+            now[0] += cfg.scale_period_s / 4
+    assert max(f for _, _, f in history) == 6
     for t, _, in_flight in history:  # ... but never faster than +2 per 0.5 s
-        assert in_flight <= 2 * (math.floor((t + 0.1) / 0.5) + 1)
+        assert in_flight <= 2 * (math.floor(t / 0.5) + 1)
+    assert any(in_flight == 2 for _, _, in_flight in history)  # it did start at the first step of the ramp
     with ServerlessRolloutSource(config(rt.url, max_concurrency=6, target_steps_per_s=1.0)) as slow:
         list(slow.fragments(count=6))
         assert max(f for _, _, f in slow.stats.concurrency) == 1  # 1 step/s of demand needs one invocation

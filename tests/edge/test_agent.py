@@ -12,7 +12,7 @@ from edge import Control, FleetMonitor, FleetTopics, MqttLink, Publisher
 from edge._mqtt import LinkConfig
 from tests._services import Mosquitto
 from tests.conftest import MosquittoFactory
-from tests.edge._agents import agent_config, running_agents, wait_until
+from tests.edge._agents import agent_config, running_agents, wait_subscribed, wait_until
 from tests.edge._policies import ACT_SPACE, OBS_SPACE, cartpole_bundle, cartpole_model, make_keys
 
 Keys = tuple[SigningKey, Path]
@@ -100,7 +100,7 @@ def test_malformed_payloads_are_logged_and_dropped(tmp_path: Path, mosquitto: Mo
     topics = FleetTopics(fleet)
     with running_agents([agent_config(tmp_path, "n1", pub, mosquitto.url, fleet=fleet, policy="cartpole")]) as (
             agent,), MqttLink(LinkConfig(broker=mosquitto.url, client_id="vandal")).start() as vandal:
-        assert vandal.wait_connected(10)
+        assert vandal.wait_connected(60)
         wait_until(lambda: agent.link is not None and agent.link.connected, what="agent connected")
         # one at a time: the agent's inbox keeps only the newest payload per topic
         vandal.publish(topics.announce, b"{not json", retain=True)  # retained: arrives even if subscribed late
@@ -131,8 +131,8 @@ def test_offline_start_then_the_outbox_drains_when_the_broker_appears(tmp_path: 
     later = Mosquitto(tmp_path / "later", ["persistence true", "max_queued_messages 100000"])
     later.start()
     watcher = FleetMonitor(broker=later.url, fleet=fleet, client_id="watcher", persistent=True).start()
-    assert watcher.link.wait_connected(10)
-    time.sleep(0.5)  # let the SUBSCRIBE reach the broker
+    assert watcher.link.wait_connected(60)
+    wait_subscribed(watcher, later.url, fleet)  # the persistent session holds the subscription
     watcher.close()
     later.stop()
     # restart with no broker at all
@@ -161,7 +161,7 @@ def test_broker_restart_mid_telemetry_loses_and_duplicates_nothing(tmp_path: Pat
     broker = mosquitto_factory(["persistence true", "max_queued_messages 100000"])
     # a persistent monitor session: messages for it wait at the broker (and in its persistence file)
     monitor = FleetMonitor(broker=broker.url, fleet=fleet, client_id="monitor", persistent=True).start()
-    assert monitor.link.wait_connected(10)
+    assert monitor.link.wait_connected(60)
     with Publisher(broker=broker.url, fleet=fleet) as publisher:
         publisher.publish(cartpole_bundle(key, 1))
     config = agent_config(tmp_path, "n1", pub, broker.url, fleet=fleet, telemetry_interval_s=0.02)
@@ -169,10 +169,13 @@ def test_broker_restart_mid_telemetry_loses_and_duplicates_nothing(tmp_path: Pat
         with running_agents([config]) as (agent,):
             wait_until(lambda: agent.counters.telemetry_records >= 20, what="telemetry flowing")
             broker.stop()
-            time.sleep(1.0)  # telemetry keeps being recorded while the broker is away
+            away = agent.counters.telemetry_records
+            # telemetry keeps being recorded while the broker is away
+            wait_until(lambda: agent.counters.telemetry_records >= away + 20, what="records while away")
             broker.start()
-            wait_until(lambda: agent.link is not None and agent.link.connected, timeout=30, what="reconnect")
-            time.sleep(0.5)
+            wait_until(lambda: agent.link is not None and agent.link.connected, timeout=60, what="reconnect")
+            back = agent.counters.telemetry_records
+            wait_until(lambda: agent.counters.telemetry_records >= back + 20, what="records after the reconnect")
             agent.stop()
         sent = agent.counters.telemetry_records
         wait_until(lambda: len(monitor.telemetry.get("n1", {})) >= sent, timeout=30, what="all records received")
@@ -195,7 +198,7 @@ def test_experience_records_reach_the_learner_side(tmp_path: Path, mosquitto: Mo
                         on_message=lambda topic, payload, retained: got.append(Experience.decode(topic, payload)))
     listener.subscribe(topics.node("n1", "experience"))
     with listener.start(), Publisher(broker=mosquitto.url, fleet=fleet) as publisher:
-        assert listener.wait_connected(10)
+        assert listener.wait_connected(60)
         publisher.publish(cartpole_bundle(key, 1))
         config = agent_config(tmp_path, "n1", pub, mosquitto.url, fleet=fleet, experience_steps=64, steps=64 * 5,
                               control_period_s=0.0)

@@ -43,11 +43,11 @@ def test_acl_confines_each_node_to_its_own_topics(tmp_path: Path, mosquitto_fact
     observer.subscribe(f"{t.root}/#")
     with observer.start(), Publisher(broker=broker.url, fleet=fleet, username="cloud",
                                      password=pw["cloud"]) as publisher:
-        assert observer.wait_connected(10)
+        assert observer.wait_connected(60)
         publisher.publish(cartpole_bundle(key, 1))
         wait_until(lambda: any(topic == t.announce for topic, _ in seen), what="cloud publish allowed")
         with MqttLink(LinkConfig(broker=broker.url, client_id="a", username="a", password=pw["a"])) as node_a:
-            assert node_a.wait_connected(10)
+            assert node_a.wait_connected(60)
             forbidden = [t.policy_latest("cartpole"), t.announce, t.policy_chunk("cartpole", 0), t.control,
                          t.node("b", "status"), t.node("b", "telemetry"), t.node("b", "experience")]
             for topic in forbidden:
@@ -90,10 +90,10 @@ def test_the_generated_mosquitto_conf_runs_as_written(tmp_path: Path) -> None:
         link = MqttLink(LinkConfig(broker=f"mqtt://127.0.0.1:{port}", client_id="a", username="a",
                                    password=password)).start()
         try:
-            assert link.wait_connected(10), link.last_error
+            assert link.wait_connected(60), link.last_error
         finally:
             link.close()
     finally:
         proc.terminate()
-        _, err = proc.communicate(timeout=10)
+        _, err = proc.communicate(timeout=60)
     assert b"Unable to open pwfile" not in err

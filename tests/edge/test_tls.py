@@ -56,7 +56,7 @@ def test_mutual_tls_with_client_certificate(tmp_path: Path, mosquitto_factory: M
                         key_file=client_key_file)
     with MqttLink(config, on_message=lambda t, p, r: got.append(p)) as link:
         link.subscribe("tls/echo")
-        assert link.wait_connected(10), link.last_error
+        assert link.wait_connected(60), link.last_error
         link.publish("tls/echo", b"over tls")
         wait_until(lambda: got == [b"over tls"], what="message over TLS")
     # without a client certificate the broker refuses the handshake: a link state, not an exception

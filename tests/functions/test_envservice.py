@@ -90,7 +90,7 @@ def test_spec_and_health(client: EnvServiceClient, service: EnvService) -> None:
     assert spec["num_envs"] == 4 and spec["env_id"] == "CartPole-v1" and spec["service_id"] == service.service_id
     assert space_from_json(spec["action_space"]) == gym.spaces.Discrete(2)
     assert space_from_json(spec["observation_space"]).shape == (4,)
-    assert client.health(timeout_s=2.0)
+    assert client.health(timeout_s=30.0)
     service.stop(0)
     assert not client.health(timeout_s=0.5)
 

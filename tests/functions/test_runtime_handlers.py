@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -24,6 +25,15 @@ def boom(event: Any, context: Any) -> Any:
 def sleepy(event: Any, context: Any) -> Any:
     time.sleep(float(event.get("s", 1.0)))
     return {"slept": event.get("s", 1.0), "pid": os.getpid()}
+
+
+def hold(event: Any, context: Any) -> Any:
+    """Touch ``event["started"]``, then wait (at most a minute) until ``event["release"]`` exists."""
+    Path(event["started"]).touch()
+    deadline = time.monotonic() + 60
+    while not Path(event["release"]).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return {"held": True, "pid": os.getpid()}
 
 
 def exit_now(event: Any, context: Any) -> Any:
