@@ -3,14 +3,22 @@
 `write_broker_config` writes into one folder:
 
     passwd                 Mosquitto password file (PBKDF2-SHA512, the ``$7$`` format of Mosquitto 2)
-    acl                    per-user ACL: the cloud identity reads and writes strata/{fleet}/#; each node reads
-                           the fleet's announcement, policies and control, and writes only its own status,
-                           telemetry and experience topics
-    mosquitto.conf         a listener config that uses both (password required, Nagle off, persistence on)
+    acl                    per-user ACL (mode 0600): the cloud identities read and write strata/{fleet}/#; each
+                           node reads the fleet's announcement, policies and control, and writes only its own
+                           status, telemetry and experience topics
+    mosquitto.conf         a listener config that uses both (password required, client id bound to the
+                           username, Nagle off, persistence on)
     credentials/USER.password   one generated password per user (mode 0600), for ``--password-file``
 
 The hashes come from the ``mosquitto_passwd`` binary when it is installed, and are computed here otherwise
 (same format: ``$7$101$<base64 salt>$<base64 PBKDF2-HMAC-SHA512>``).
+
+A node can only be itself: ``use_username_as_clientid true`` makes Mosquitto replace the client id a client
+sends with its username, so node n1's credentials can never take over client id ``n2`` (which would disconnect
+n2, fire its last will and wipe its persistent session). The flip side: every connection of one user shares
+one client id, and a second connection takes over the first. So each concurrently connected cloud tool (a
+training run's publisher, `strata fleet`) needs a user of its own (``cloud_user=("cloud", "monitor")``), and so
+does a node's device gateway.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from device import write_atomic
 from edge._errors import EdgeConfigError
 from edge._topics import FleetTopics, check_segment
 
@@ -52,12 +61,17 @@ class BrokerFiles:
     """``"mosquitto_passwd"`` or ``"python"``."""
 
 
-def acl_text(fleet: str, nodes: Sequence[str], cloud_user: str) -> str:
+def _cloud_users(cloud_user: str | Sequence[str]) -> list[str]:
+    return [cloud_user] if isinstance(cloud_user, str) else list(cloud_user)
+
+
+def acl_text(fleet: str, nodes: Sequence[str], cloud_user: str | Sequence[str]) -> str:
     """The ACL file body (see the module docstring)."""
     t = FleetTopics(fleet)
-    lines = ["# strata fleet ACL: written by `strata broker config`; edit with care.", "",
-             f"# the cloud identity publishes policies and reads everything of fleet {fleet}",
-             f"user {cloud_user}", f"topic readwrite {t.root}/#", ""]
+    lines = ["# strata fleet ACL: written by `strata broker config`; edit with care.", ""]
+    for user in _cloud_users(cloud_user):
+        lines += [f"# cloud identity {user}: publishes policies and reads everything of fleet {fleet}",
+                  f"user {user}", f"topic readwrite {t.root}/#", ""]
     for node in nodes:
         lines += [f"# node {node}: reads policies and control, writes only its own topics", f"user {node}",
                   f"topic read {t.announce}", f"topic read {t.control}", f"topic read {t.root}/policies/#",
@@ -66,7 +80,7 @@ def acl_text(fleet: str, nodes: Sequence[str], cloud_user: str) -> str:
     return "\n".join(lines)
 
 
-def write_broker_config(out: Path, *, fleet: str, nodes: Sequence[str], cloud_user: str = "cloud",
+def write_broker_config(out: Path, *, fleet: str, nodes: Sequence[str], cloud_user: str | Sequence[str] = "cloud",
                         port: int = 1883, bind: str = "127.0.0.1", use_binary: bool = True) -> BrokerFiles:
     """Write passwd, acl, mosquitto.conf and generated credentials for `fleet` into `out`.
 
@@ -74,15 +88,17 @@ def write_broker_config(out: Path, *, fleet: str, nodes: Sequence[str], cloud_us
         out: Folder to write (created).
         fleet: Fleet name.
         nodes: Node ids; each becomes a broker user.
-        cloud_user: The identity that may publish policies.
+        cloud_user: The identity (or identities, one per concurrently connected cloud tool) that may
+            publish policies and watch the fleet.
         port: Listener port written into mosquitto.conf.
         bind: Address the listener binds to: loopback by default; ``0.0.0.0`` (or an interface's
             address) to serve edge nodes on other hosts.
         use_binary: Hash with ``mosquitto_passwd`` when it is installed.
     """
     check_segment(fleet, "fleet")
-    users = [check_segment(cloud_user, "cloud user"), *(check_segment(n, "node id") for n in nodes)]
-    if not nodes or len(set(users)) != len(users):
+    clouds = _cloud_users(cloud_user)
+    users = [*(check_segment(u, "cloud user") for u in clouds), *(check_segment(n, "node id") for n in nodes)]
+    if not nodes or not clouds or len(set(users)) != len(users):
         raise EdgeConfigError(f"strata broker config: need at least one node and distinct user names, got "
                               f"nodes={list(nodes)} and cloud user {cloud_user!r}")
     out = Path(out)
@@ -114,7 +130,7 @@ def write_broker_config(out: Path, *, fleet: str, nodes: Sequence[str], cloud_us
             raise EdgeConfigError(f"strata broker config: {binary} -U failed: {result.stderr.strip()}")
     os.replace(tmp, passwd)
     acl = out / "acl"
-    acl.write_text(acl_text(fleet, nodes, cloud_user))
+    write_atomic(acl, acl_text(fleet, nodes, cloud_user).encode(), mode=0o600)
     conf = out / "mosquitto.conf"
     conf.write_text("\n".join([
         "# strata fleet broker: written by `strata broker config`",
@@ -122,6 +138,8 @@ def write_broker_config(out: Path, *, fleet: str, nodes: Sequence[str], cloud_us
         "# Started as root, mosquitto switches to this user, which must be able to read the 0600 files above",
         f"user {getpass.getuser()}",
         "allow_anonymous false",
+        "# A node can only be itself: the client id is replaced by the username, so n1 cannot take over n2",
+        "use_username_as_clientid true",
         f"password_file {passwd.resolve()}",
         f"acl_file {acl.resolve()}",
         "# Nagle off: otherwise a QoS 1 round trip takes ~40-90 ms (MEASURED.md)",

@@ -77,7 +77,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     config.add_argument("--out", required=True, type=Path, help="folder to write")
     config.add_argument("--fleet", required=True, help="fleet name")
     config.add_argument("--nodes", required=True, help="comma-separated node ids")
-    config.add_argument("--cloud-user", default="cloud", help="identity that publishes policies (default: %(default)s)")
+    config.add_argument("--cloud-user", default="cloud",
+                        help="comma-separated identities that publish policies and watch the fleet; one per "
+                        "concurrently connected cloud tool, since each user has one client id (default: %(default)s)")
     config.add_argument("--port", type=int, default=1883, help="listener port in mosquitto.conf (default: %(default)s)")
     config.add_argument("--bind", default="127.0.0.1",
                         help="listener address in mosquitto.conf; 0.0.0.0 serves other hosts (default: %(default)s)")
@@ -170,7 +172,8 @@ def _broker_config(args: argparse.Namespace) -> int:
     from edge._broker_config import write_broker_config
 
     files = write_broker_config(args.out, fleet=args.fleet, nodes=[n for n in args.nodes.split(",") if n],
-                                cloud_user=args.cloud_user, port=args.port, bind=args.bind)
+                                cloud_user=[u for u in args.cloud_user.split(",") if u], port=args.port,
+                                bind=args.bind)
     print(f"wrote {files.passwd} (hashed with {files.hashed_with}), {files.acl}, {files.conf}")
     print(f"passwords (mode 0600) in {args.out / 'credentials'}/: pass one with --username USER "
           "--password-file FILE")

@@ -56,6 +56,7 @@ def test_broker_config_writes_files(tmp_path: Path) -> None:
     for name in ("passwd", "acl", "mosquitto.conf", "credentials/a.password", "credentials/cloud.password"):
         assert (tmp_path / "bc" / name).exists(), name
     assert (tmp_path / "bc" / "credentials" / "a.password").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "bc" / "acl").stat().st_mode & 0o777 == 0o600
     assert "topic write strata/f/nodes/a/telemetry" in (tmp_path / "bc" / "acl").read_text()
 
 

@@ -97,3 +97,52 @@ def test_the_generated_mosquitto_conf_runs_as_written(tmp_path: Path) -> None:
         proc.terminate()
         _, err = proc.communicate(timeout=60)
     assert b"Unable to open pwfile" not in err
+
+
+@pytest.mark.parametrize("bound", [True, False], ids=["generated-config", "without-binding"])
+def test_a_node_cannot_take_over_another_nodes_client_id(tmp_path: Path, mosquitto_factory: MosquittoFactory,
+                                                         bound: bool) -> None:
+    """n1's credentials with client id n2 (``mosquitto_sub -u n1 -i n2``) must not disconnect n2 or fire its will.
+
+    The unbound variant runs the same attack on a broker without ``use_username_as_clientid``: there it does
+    take n2 over, which shows the test can fail.
+    """
+    files = write_broker_config(tmp_path / "bc", fleet="f", nodes=["n1", "n2"], cloud_user=("cloud", "monitor"))
+    conf = files.conf.read_text()
+    assert "use_username_as_clientid true" in conf
+    assert files.acl.stat().st_mode & 0o777 == 0o600
+    extra = [f"password_file {files.passwd}", f"acl_file {files.acl}"]
+    broker = mosquitto_factory([*extra, "use_username_as_clientid true"] if bound else extra, anonymous=False)
+    pw = {u: p.read_text().strip() for u, p in files.credentials.items()}
+    t = FleetTopics("f")
+    seen: list[tuple[str, bytes]] = []
+    lock = threading.Lock()
+
+    def record(topic: str, payload: bytes, retained: bool) -> None:
+        with lock:
+            seen.append((topic, payload))
+
+    observer = MqttLink(LinkConfig(broker=broker.url, client_id="whatever", username="monitor",
+                                   password=pw["monitor"]), on_message=record)
+    observer.subscribe(t.node("n2", "status"))
+    observer.subscribe(t.node("n1", "telemetry"))
+    n2 = MqttLink(LinkConfig(broker=broker.url, client_id="n2", username="n2", password=pw["n2"]),
+                  will=(t.node("n2", "status"), b"n2 offline (will)"))
+    with observer.start(), n2.start():
+        assert observer.wait_connected(10) and n2.wait_connected(10)
+        with MqttLink(LinkConfig(broker=broker.url, client_id="n2", username="n1", password=pw["n1"],
+                                 clean_session=True)) as intruder:  # as mosquitto_sub connects
+            assert intruder.wait_connected(10), intruder.last_error
+            intruder.publish(t.node("n1", "telemetry"), b"probe")
+            # The broker handled the intruder's CONNECT (and any takeover, will included) before this PUBLISH.
+            wait_until(lambda: (t.node("n1", "telemetry"), b"probe") in seen, what="the intruder's probe")
+            if not bound:
+                wait_until(lambda: (t.node("n2", "status"), b"n2 offline (will)") in seen, what="the takeover")
+                return
+            with lock:
+                assert (t.node("n2", "status"), b"n2 offline (will)") not in seen
+            assert n2.connected and n2.connects == 1
+        # and n2's own connection still works (its session was not taken)
+        n2.publish(t.node("n2", "status"), b"n2 still here", retain=True)
+        wait_until(lambda: (t.node("n2", "status"), b"n2 still here") in seen, what="n2 still publishing")
+        assert n2.connects == 1
