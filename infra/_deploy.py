@@ -10,8 +10,8 @@
                                  └──> StateStore.save after every step (JSON, schema version, atomic)
 
 `apply` re-plans from live state every time, so a second apply finds nothing to do and a failed one
-finishes on the next run. `destroy` plans deletes for everything recorded plus everything found by name
-(empty buckets first, versions included), and `rollback` moves each stage alias back to the version it
+finishes on the next run. `destroy` plans deletes for everything recorded plus everything found by exact
+name or stage tag, never by a name prefix (empty buckets first, versions included), and `rollback` moves each stage alias back to the version it
 pointed at before the last apply. Resource kinds live in registries (`infra._live.READERS`,
 `infra._executor.OPERATIONS`) that raise on a kind they do not know.
 """
@@ -131,21 +131,27 @@ def recorded_config(state_dir: Path, stage: str, **overrides: Any) -> DeployConf
 
 
 def _discover(config: DeployConfig, aws: Clients) -> list[tuple[str, str]]:
-    """Resources of the stage found by name, so destroy also removes what the state file lost."""
+    """Resources of the stage found by exact name or tag, so destroy also removes what the state file lost.
+
+    Never by a name prefix: ``strata-dev-`` also starts every name of stage ``dev-x``. What counts is the
+    exact names `desired_resources` gives, the ``strata_stage`` attribute of IoT things (and the policy named
+    after each such thing), and the ``strata:stage`` tag of Lambda functions.
+    """
     found = [(r.kind, r.name) for r in desired_resources(config, account=aws.account_id(), region=aws.region,
                                                            artifacts=None) if r.kind != "iot_certificate"]
-    names = Names(stage=config.stage, account=aws.account_id(), region=aws.region)
-    prefix = names.prefix + "-"
+    tags = Names(stage=config.stage, account=aws.account_id(), region=aws.region).tags()
     iot = aws.get("iot")
     for page in iot.get_paginator("list_things").paginate(attributeName="strata_stage", attributeValue=config.stage):
-        found += [("iot_thing", t["thingName"]) for t in page.get("things", []) if t["thingName"].startswith(prefix)]
-    for page in iot.get_paginator("list_policies").paginate():
-        found += [("iot_policy", p["policyName"]) for p in page.get("policies", [])
-                  if p["policyName"].startswith(prefix)]
-    for page in aws.get("lambda").get_paginator("list_functions").paginate():
-        found += [("lambda_function", f["FunctionName"]) for f in page.get("Functions", [])
-                  if f["FunctionName"].startswith(prefix)]
-    return found
+        for thing in page.get("things", []):
+            if thing.get("attributes", {}).get("strata_stage") == config.stage:
+                found += [("iot_thing", thing["thingName"]), ("iot_policy", thing["thingName"])]
+    lam = aws.get("lambda")
+    for page in lam.get_paginator("list_functions").paginate():
+        for fn in page.get("Functions", []):
+            got = or_none(lam.list_tags, Resource=fn["FunctionArn"]) or {}
+            if all(got.get("Tags", {}).get(k) == v for k, v in tags.items()):
+                found.append(("lambda_function", fn["FunctionName"]))
+    return list(dict.fromkeys(found))
 
 
 def destroy_plan(stage: str, *, state_dir: Path, aws: Clients | None = None,

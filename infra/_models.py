@@ -172,8 +172,12 @@ class Names:
         return self.stage
 
     def iot(self, node: str) -> str:
-        """The IoT thing and policy name of `node`."""
-        return f"{self.prefix}-{node}"
+        """The IoT thing and policy name of `node`: ``strata-{stage}_{node}``.
+
+        A stage name has no ``_``, so the first ``_`` ends the stage: stage ``dev`` node ``x-n1`` and stage
+        ``dev-x`` node ``n1`` get different names (with ``-`` both would be ``strata-dev-x-n1``).
+        """
+        return f"{self.prefix}_{node}"
 
     def tags(self) -> dict[str, str]:
         """Tags every taggable resource carries."""
@@ -336,15 +340,19 @@ KIND_ORDER: tuple[str, ...] = ("s3_bucket", "iam_role", "lambda_function", "lamb
 
 
 def role_policies(names: Names, partition: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(trust policy, permissions policy)`` of the execution role: only the bucket and the functions' logs."""
+    """``(trust policy, permissions policy)`` of the execution role: only the bucket and the functions' logs.
+
+    Log groups are named exactly (no ``strata-{stage}-*`` wildcard, which would cover stage ``{stage}-x`` too).
+    """
     trust = {"Version": "2012-10-17", "Statement": [
         {"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
-    log_groups = f"arn:{partition}:logs:{names.region}:{names.account}:log-group:/aws/lambda/{names.prefix}-*"
+    log_groups = [f"arn:{partition}:logs:{names.region}:{names.account}:log-group:/aws/lambda/"
+                  f"{names.function(spec.name)}" for spec in FUNCTIONS]
     bucket_arn = f"arn:{partition}:s3:::{names.bucket}"
     permissions = {"Version": "2012-10-17", "Statement": [
         {"Sid": "OwnLogGroups", "Effect": "Allow", "Action": "logs:CreateLogGroup", "Resource": log_groups},
         {"Sid": "OwnLogStreams", "Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
-         "Resource": f"{log_groups}:log-stream:*"},
+         "Resource": [f"{group}:log-stream:*" for group in log_groups]},
         {"Sid": "StageBucketObjects", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"],
          "Resource": f"{bucket_arn}/*"},
         {"Sid": "StageBucketList", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arn},

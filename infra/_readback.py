@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infra._errors import InfraError
-from infra._models import ENV_BUCKET
+from infra._models import ENV_BUCKET, FUNCTIONS, Names
 from infra.aws import client, or_none
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ class DeployedFunctions:
     """A `functions` `FunctionSource` serving the functions of one deployed stage, as deployed.
 
     Args:
-        stage: The stage whose functions (``strata-{stage}-*``) are served, at the stage alias.
+        stage: The stage whose functions (``strata-{stage}-{rollout,ping}``, exactly) are served.
         endpoint_url: The AWS endpoint (None: the standard chain and ``AWS_ENDPOINT_URL*``).
         region: AWS region.
         work_dir: Where zips are unpacked (default: a new temp folder).
@@ -143,14 +143,15 @@ class DeployedFunctions:
         self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="strata-deployed-"))
         self._specs: dict[str, FunctionSpec] = {}
 
+    def _stage_names(self) -> list[str]:
+        """The exact function names of the stage (never a ``strata-{stage}-`` prefix: stage ``dev-x`` has it too)."""
+        names = Names(stage=self.stage, account="", region="")
+        return sorted(names.function(spec.name) for spec in FUNCTIONS)
+
     def names(self) -> list[str]:
-        """Every function of the stage at the endpoint."""
+        """Every function of the stage that exists at the endpoint."""
         lam = client("lambda", region=self.region, endpoint_url=self.endpoint_url)
-        prefix = f"strata-{self.stage}-"
-        found: list[str] = []
-        for page in lam.get_paginator("list_functions").paginate():
-            found += [f["FunctionName"] for f in page.get("Functions", []) if f["FunctionName"].startswith(prefix)]
-        return sorted(found)
+        return [n for n in self._stage_names() if or_none(lam.get_function_configuration, FunctionName=n)]
 
     def get(self, name: str) -> FunctionSpec | None:
         """The runtime's ``FunctionSpec`` of `name` at the stage alias (its code unpacked), or None."""
@@ -158,7 +159,7 @@ class DeployedFunctions:
             return self._specs[name]
         from functions._runtime import FunctionSpec
 
-        if not name.startswith(f"strata-{self.stage}-"):
+        if name not in self._stage_names():
             return None
         lam = client("lambda", region=self.region, endpoint_url=self.endpoint_url)
         has_alias = or_none(lam.get_alias, FunctionName=name, Name=self.stage) is not None

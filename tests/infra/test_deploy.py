@@ -196,9 +196,12 @@ def test_the_execution_role_is_least_privilege(aws_env: MotoServer, make_config:
     for statement in doc["Statement"]:
         actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
         assert all("*" not in a for a in actions), actions
-        resource = statement["Resource"]
-        assert resource in (f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*") or resource.startswith(
-            "arn:aws:logs:us-east-1:123456789012:log-group:/aws/lambda/strata-test-"), resource
+        resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+        groups = [f"arn:aws:logs:us-east-1:123456789012:log-group:/aws/lambda/strata-test-{f}" for f in
+                  ("rollout", "ping")]
+        for resource in resources:  # exact names: no strata-test-* that would cover stage test-x's logs
+            assert resource in (f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*", *groups,
+                                *(f"{g}:log-stream:*" for g in groups)), resource
     assert iam.list_attached_role_policies(RoleName="strata-test-lambda")["AttachedPolicies"] == []
 
 
@@ -208,7 +211,7 @@ def test_each_node_gets_a_thing_a_certificate_and_a_policy_mirroring_the_acl(
 
     apply(make_config(), state_dir=state_dir)
     iot = c("iot")
-    doc = json.loads(iot.get_policy(policyName="strata-test-node-a")["policyDocument"])
+    doc = json.loads(iot.get_policy(policyName="strata-test_node-a")["policyDocument"])
     by_sid = {s["Sid"]: s for s in doc["Statement"]}
     arn = "arn:aws:iot:us-east-1:123456789012"
     topics = FleetTopics("lab")
@@ -222,7 +225,7 @@ def test_each_node_gets_a_thing_a_certificate_and_a_policy_mirroring_the_acl(
     assert topics.policy_latest("cartpole").startswith(f"{topics.root}/policies/")
     assert not any("node-b" in r for r in readable + by_sid["PublishOwnOnly"]["Resource"])
 
-    record = StateStore(state_dir, "test").load().get("iot_certificate", "strata-test-node-a")
+    record = StateStore(state_dir, "test").load().get("iot_certificate", "strata-test_node-a")
     assert record is not None
     creds_path = Path(record.ids["credentials_file"])
     creds = json.loads(creds_path.read_text())
@@ -232,9 +235,9 @@ def test_each_node_gets_a_thing_a_certificate_and_a_policy_mirroring_the_acl(
     assert "BEGIN RSA PRIVATE KEY" in creds["private_key_pem"] or "PRIVATE KEY" in creds["private_key_pem"]
     assert Path(creds["certificate_file"]).read_text() == creds["certificate_pem"]
     cert_arn = creds["certificate_arn"]
-    assert iot.list_principal_things(principal=cert_arn)["things"] == ["strata-test-node-a"]
+    assert iot.list_principal_things(principal=cert_arn)["things"] == ["strata-test_node-a"]
     assert [p["policyName"] for p in iot.list_attached_policies(target=cert_arn)["policies"]] == [
-        "strata-test-node-a"]
+        "strata-test_node-a"]
 
 
 def test_removing_a_node_from_the_config_deletes_its_resources(aws_env: MotoServer, make_config: MakeConfig,
@@ -243,7 +246,7 @@ def test_removing_a_node_from_the_config_deletes_its_resources(aws_env: MotoServ
     p = apply(make_config(edge_nodes=("node-a",)), state_dir=state_dir)
     assert sorted(s.kind for s in p.changes) == ["iot_certificate", "iot_policy", "iot_thing"]
     assert all(s.action == "delete" for s in p.changes)
-    assert leftovers()["things"] == ["strata-test-node-a"] and len(leftovers()["certificates"]) == 1
+    assert leftovers()["things"] == ["strata-test_node-a"] and len(leftovers()["certificates"]) == 1
 
 
 def test_destroy_leaves_nothing_behind_even_a_versioned_non_empty_bucket(
@@ -318,14 +321,14 @@ def test_a_lost_credentials_file_shows_in_the_plan_and_apply_issues_a_new_certif
         aws_env: MotoServer, make_config: MakeConfig, state_dir: Path) -> None:
     config = make_config(edge_nodes=("node-a",))
     apply(config, state_dir=state_dir)
-    old = StateStore(state_dir, "test").load().get("iot_certificate", "strata-test-node-a")
+    old = StateStore(state_dir, "test").load().get("iot_certificate", "strata-test_node-a")
     assert old is not None
     Path(old.ids["credentials_file"]).unlink()
-    step = steps_by_key(plan(config, state_dir=state_dir))["iot_certificate/strata-test-node-a"]
+    step = steps_by_key(plan(config, state_dir=state_dir))["iot_certificate/strata-test_node-a"]
     assert [(ch.field, ch.live, ch.desired, ch.drift) for ch in step.changes] == [
         ("credentials_file", "missing", "present", True)]
     apply(config, state_dir=state_dir)
-    new = StateStore(state_dir, "test").load().get("iot_certificate", "strata-test-node-a")
+    new = StateStore(state_dir, "test").load().get("iot_certificate", "strata-test_node-a")
     assert new is not None and new.ids["certificate_id"] != old.ids["certificate_id"]
     assert Path(new.ids["credentials_file"]).is_file()
     assert [x["certificateId"] for x in c("iot").list_certificates()["certificates"]] == [new.ids["certificate_id"]]
