@@ -11,9 +11,9 @@
 
 `apply` re-plans from live state every time, so a second apply finds nothing to do and a failed one
 finishes on the next run. `destroy` plans deletes for everything recorded plus everything found by exact
-name or stage tag, never by a name prefix (empty buckets first, versions included), and `rollback` moves each stage alias back to the version it
-pointed at before the last apply. Resource kinds live in registries (`infra._live.READERS`,
-`infra._executor.OPERATIONS`) that raise on a kind they do not know.
+name or stage tag, never by a name prefix (empty buckets first, versions included), and `rollback` moves
+each stage alias back to the version it pointed at before the last apply. Resource kinds live in registries
+(`infra._live.READERS`, `infra._executor.OPERATIONS`) that raise on a kind they do not know.
 """
 
 from __future__ import annotations
