@@ -544,7 +544,7 @@ class Verifier:
                 isinstance(k, str) and _is_int(v) and v >= 1 for k, v in highest.items()
             ):
                 raise ValueError("unexpected shape")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             # Fail closed: forgetting the state would reopen every rollback.
             raise VerifierStateError(f"Verifier: state file {path} is unreadable ({exc}); restore it or, if the "
                                      "device was reset on purpose, delete it") from exc

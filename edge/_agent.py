@@ -20,6 +20,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +33,7 @@ import numpy as np
 
 from device import Bundle, BundleError, RolloutBatch, TrustStore, load_public_key, require
 from edge._cache import Phase, PolicyCache
-from edge._errors import CacheError, EdgeConfigError, PayloadError
+from edge._errors import CacheError, EdgeConfigError, EdgeError, PayloadError
 from edge._gateway import EdgeGateway, GatewayConfig
 from edge._mqtt import LinkConfig, MqttLink
 from edge._outbox import Outbox, OutboxConfig
@@ -151,6 +153,8 @@ class AgentCounters:
     updates: int = 0
     refused: list[str] = field(default_factory=list)
     health_failures: list[str] = field(default_factory=list)
+    install_failures: list[str] = field(default_factory=list)
+    """Verified, healthy bundles that could not be written into the cache (the previous policy kept running)."""
     malformed: int = 0
     telemetry_records: int = 0
     experience_records: int = 0
@@ -176,9 +180,14 @@ class EdgeAgent:
         self._make_env = make_env or self._default_env
         self._checker = HealthChecker(self._make_env, config.health())
         trust = TrustStore([load_public_key(p) for p in config.trust])
+        _check_cache_dir(Path(config.cache_dir))
         self.cache = PolicyCache(Path(config.cache_dir), trust=trust, tier="edge", clock=clock, on_phase=on_phase)
-        self.outbox = Outbox(Path(config.cache_dir) / "outbox.sqlite",
-                             OutboxConfig(max_records=config.outbox_max_records, overflow=config.outbox_overflow))
+        try:
+            self.outbox = Outbox(Path(config.cache_dir) / "outbox.sqlite",
+                                 OutboxConfig(max_records=config.outbox_max_records, overflow=config.outbox_overflow))
+        except (OSError, sqlite3.Error) as exc:
+            raise EdgeConfigError(f"EdgeAgent: cannot open the telemetry outbox in --cache-dir {config.cache_dir!r}: "
+                                  f"{exc}; pass a writable folder") from None
         self.counters = AgentCounters()
         self.last_error: str | None = None
         self._policy: OnnxPolicy | None = None
@@ -201,7 +210,19 @@ class EdgeAgent:
 
     def _default_env(self) -> Any:
         gym = require("gymnasium", extra="edge", purpose="the edge simulators")
-        return gym.make(self.config.env)
+        try:
+            return gym.make(self.config.env)
+        except gym.error.Error as exc:
+            raise EdgeConfigError(f"--env {self.config.env!r} cannot be made: {exc}; pass a registered gymnasium "
+                                  "env id such as CartPole-v1") from None
+
+    def _check_env(self) -> None:
+        gym = require("gymnasium", extra="edge", purpose="the edge simulators")
+        try:
+            gym.spec(self.config.env)
+        except gym.error.Error as exc:
+            raise EdgeConfigError(f"--env {self.config.env!r} is not a gymnasium env: {exc}; pass a registered "
+                                  "env id such as CartPole-v1") from None
 
     # ------------------------------------------------------------------------------------------ state
 
@@ -249,6 +270,8 @@ class EdgeAgent:
 
     def start(self) -> EdgeAgent:
         """Load the cached policy (verified), start the link, the updater and the sender."""
+        if self._make_env == self._default_env:
+            self._check_env()
         bundle = self.cache.load()
         if bundle is not None:
             try:
@@ -426,7 +449,7 @@ class EdgeAgent:
         if sha == self._policy_sha:
             return
         try:
-            bundle = self.cache.verifier.verify(data)
+            bundle = self.cache.verify(data)
         except BundleError as exc:
             self.counters.refused.append(f"{type(exc).__name__}: {exc}")
             self._note_error(f"bundle refused: {exc}")
@@ -460,10 +483,24 @@ class EdgeAgent:
         try:
             self.cache.stage(bundle, data=data)
             self.cache.commit()
-        except Exception:
-            with self._lock:
-                self._policy, self._policy_sha = previous
-            raise
+        except CacheError as exc:
+            # Not durable, so not installed: go back to the policy the cache holds, and say so in the status.
+            kept = previous[0]
+            if kept is not None:
+                with self._lock:
+                    self._policy, self._policy_sha = previous
+                self._wake.set()
+                if self.link is not None:
+                    self.link.set_will(self.topics.node(self.config.node_id, "status"), self._will_payload())
+                running = f"still running {kept.policy} v{kept.version}"
+            else:  # nothing to go back to: acting on it from memory beats acting on nothing
+                running = f"running {bundle.policy} v{bundle.version} from memory only (lost on restart)"
+            reason = f"install of {bundle.policy} v{bundle.version} failed: {exc}; {running}"
+            self.counters.install_failures.append(reason)
+            self._note_error(reason)
+            return
+        log.info("%s: now running %s v%d (health check %.1f ms)", self.config.node_id, bundle.policy,
+                 bundle.version, report.seconds * 1000)
         stages.update(install=installed - checked, persist=time.perf_counter() - installed,
                       persist_cpu=time.thread_time() - cpu_installed)
         with self._lock:
@@ -483,8 +520,6 @@ class EdgeAgent:
             self.link.set_will(self.topics.node(self.config.node_id, "status"), self._will_payload())
         if report is not None:
             self.last_error = None
-            log.info("%s: now running %s v%d (health check %.1f ms)", self.config.node_id, policy.policy,
-                     policy.version, report.seconds * 1000)
         self._status_dirty.set()
         self._sender_wake.set()
 
@@ -527,6 +562,10 @@ class EdgeAgent:
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
+                link = self.link
+                if link is not None and link.gave_up:
+                    raise EdgeError(f"{cfg.node_id}: the broker {cfg.broker} refused the connection {link.refusals} "
+                                    f"times ({link.last_error}); check --username and --password-file")
                 if cfg.duration is not None and now - started >= cfg.duration:
                     break
                 if cfg.steps is not None and self.counters.steps >= cfg.steps:
@@ -644,6 +683,18 @@ def read_password_file(path: str | Path) -> str:
     except OSError as exc:
         raise EdgeConfigError(f"cannot read the broker password file {str(path)!r}: {exc.strerror or exc}; "
                               "pass a file written by `strata broker config` (credentials/USER.password)") from None
+
+
+def _check_cache_dir(path: Path) -> None:
+    """Raise `EdgeConfigError` unless `path` is (or can be made) a folder this process can write."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise EdgeConfigError(f"--cache-dir {str(path)!r} cannot be used: {exc.strerror or exc}; pass a writable "
+                              "folder (it holds the policy cache and the telemetry outbox)") from None
 
 
 def _finite(x: float) -> float | None:

@@ -101,7 +101,18 @@ def write_broker_config(out: Path, *, fleet: str, nodes: Sequence[str], cloud_us
     if not nodes or not clouds or len(set(users)) != len(users):
         raise EdgeConfigError(f"strata broker config: need at least one node and distinct user names, got "
                               f"nodes={list(nodes)} and cloud user {cloud_user!r}")
-    out = Path(out)
+    if not 1 <= port <= 65535:
+        raise EdgeConfigError(f"strata broker config: port {port} must be between 1 and 65535")
+    try:
+        return _write(Path(out), fleet=fleet, nodes=nodes, cloud_user=cloud_user, users=users, port=port, bind=bind,
+                      use_binary=use_binary)
+    except OSError as exc:
+        raise EdgeConfigError(f"strata broker config: cannot write into {str(out)!r}: {exc.strerror or exc} "
+                              f"({exc.filename or out}); pass a writable --out folder") from None
+
+
+def _write(out: Path, *, fleet: str, nodes: Sequence[str], cloud_user: str | Sequence[str], users: list[str],
+           port: int, bind: str, use_binary: bool) -> BrokerFiles:
     creds_dir = out / "credentials"
     creds_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(creds_dir, 0o700)

@@ -14,11 +14,24 @@ State machine of one update (each arrow is one atomic step: write a temp file, f
         --discard--> committed(A)                 (B failed its health check; remembered as rejected)
 
 The pointer moves only by an atomic rename, and only to a slot whose file is complete and fsynced, so a
-crash anywhere leaves a cache that `load` resolves to a verified, committed policy. An unreadable or tampered
-active slot falls back to the previous one. Loading verifies the bundle again (signature, digest, expiry,
-tier); a version below the highest accepted is allowed only for the previous slot this cache itself
-committed, because reverting to a known-good policy is not a rollback attack. (A pointer in the ``trial``
-state, which no current writer produces, is resolved to its previous slot.)
+crash anywhere leaves a cache that `load` resolves to a verified, committed policy.
+
+The cache never leaves the node without a policy while a verified one is on disk:
+
+- `load` verifies every slot again (signature, digest, expiry, tier) and takes the pointer's active slot when
+  it verifies, else the other slot (the best verified bundle on disk), never one that failed its health check.
+  A bundle in a slot got there only after passing the network verifier's anti-rollback check, so an older one
+  is a known-good previous policy, not a rollback. A torn pointer, a corrupt slot or an unreadable
+  anti-rollback state (rebuilt from the verified slots) are repaired on the spot, never deleted into "empty".
+- `verify` (for bundles from the network) passes versions newer than the highest accepted, and also the
+  highest accepted version itself while the cache does not hold it: re-installing the version it already
+  trusts repairs a cache that fell back after corruption (the signature must still verify).
+- `commit` records the version as accepted first, then swaps the pointer: a crash between the two restarts
+  on the old slot, and the repair rule above lets the same version in again.
+- A write that fails raises `CacheError`; the caller reports the install as failed and keeps (or goes back
+  to) what the pointer says runs.
+
+(A pointer in the ``trial`` state, which no current writer produces, is resolved to its previous slot.)
 """
 
 from __future__ import annotations
@@ -31,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from device import Bundle, BundleError, TrustStore, Verifier, fsync_dir, write_atomic
+from device import Bundle, BundleError, RollbackError, TrustStore, Verifier, VerifierStateError, write_atomic
 from edge._errors import CacheError
 
 log = logging.getLogger("strata.edge.cache")
@@ -82,15 +95,31 @@ class PolicyCache:
     def __init__(self, root: Path, *, trust: TrustStore, tier: str = "edge", clock: Callable[[], float] = time.time,
                  on_phase: Callable[[Phase, Bundle], None] | None = None) -> None:
         self.root = Path(root)
-        (self.root / "slots").mkdir(parents=True, exist_ok=True)
-        self.verifier = Verifier(trust=trust, tier=tier, state_path=self.root / "verifier.json", clock=clock)
+        self.events: list[str] = []
+        try:
+            (self.root / "slots").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CacheError(f"PolicyCache: cannot create {self.root / 'slots'}: {exc.strerror or exc}; pass a "
+                             "writable cache folder") from None
+        state = self.root / "verifier.json"
+        try:
+            self.verifier = Verifier(trust=trust, tier=tier, state_path=state, clock=clock)
+        except VerifierStateError as exc:
+            # The verified slots hold every version this cache committed: `load` rebuilds the floor from them.
+            self.events.append(f"anti-rollback state unreadable, rebuilt from the verified slots: {exc}")
+            log.warning("policy cache %s: %s", self.root, self.events[-1])
+            try:
+                state.replace(state.with_name("verifier.json.corrupt"))
+            except OSError as move_exc:
+                raise CacheError(f"PolicyCache: {exc}; and it cannot be moved aside: {move_exc}") from None
+            self.verifier = Verifier(trust=trust, tier=tier, state_path=state, clock=clock)
         # Integrity-only verifier for loading from disk (no rollback state: `load` applies its own rule).
         self._integrity = Verifier(trust=trust, tier=tier, clock=clock)
         self._on_phase = on_phase
         self._pointer: Pointer | None = None
         self._staged: tuple[Slot, Bundle] | None = None
         self._rejected_cache: dict[str, str] | None = None
-        self.events: list[str] = []
+        self._active: Bundle | None = None
 
     # ------------------------------------------------------------------------------------------ paths
 
@@ -113,74 +142,104 @@ class PolicyCache:
         if self._on_phase is not None:
             self._on_phase(phase, bundle)
 
-    def _write_pointer(self, pointer: Pointer | None) -> None:
-        if pointer is None:
-            self.pointer_path.unlink(missing_ok=True)
-            fsync_dir(self.root)
-        else:
+    @property
+    def active(self) -> Bundle | None:
+        """The bundle the pointer names (after `load` or `commit`), None when the cache is empty."""
+        return self._active
+
+    def _write_pointer(self, pointer: Pointer) -> None:
+        try:
             write_atomic(self.pointer_path, pointer.to_json())
+        except OSError as exc:
+            raise CacheError(f"PolicyCache: cannot write {self.pointer_path}: {exc.strerror or exc}; check the "
+                             "cache folder's free space and permissions") from None
         self._pointer = pointer
 
     # ------------------------------------------------------------------------------------------ loading
 
-    def _read_slot(self, slot: Slot, *, allow_older: bool) -> Bundle | None:
+    def _read_slot(self, slot: Slot) -> Bundle | None:
+        path = self.slot_path(slot)
         try:
-            data = self.slot_path(slot).read_bytes()
+            data = path.read_bytes()
             bundle = self._integrity.verify(data)
+        except FileNotFoundError:
+            return None
         except (OSError, BundleError) as exc:
             self.events.append(f"slot {slot} unusable: {exc}")
             log.warning("policy cache %s: slot %s unusable: %s", self.root, slot, exc)
             return None
-        highest = self.verifier.highest_accepted(bundle.policy)
-        if bundle.version < highest and not allow_older:
-            self.events.append(f"slot {slot} holds v{bundle.version} below the accepted v{highest}")
+        if self.is_rejected(bundle):
+            self.events.append(f"slot {slot} holds {bundle.policy} v{bundle.version}, which failed its health check")
             return None
         return bundle
 
     def load(self) -> Bundle | None:
-        """Resolve the pointer after a (re)start and return the verified active bundle, or None when empty."""
+        """Resolve the pointer after a (re)start and return the best verified bundle, or None when none verifies.
+
+        The pointer's active slot when it verifies, else the other slot; the pointer is rewritten to match.
+        """
         try:
             pointer: Pointer | None = Pointer.from_json(self.pointer_path.read_bytes())
         except FileNotFoundError:
             pointer = None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             self.events.append(f"pointer unreadable: {exc}")
             pointer = None
-        if pointer is None:
-            # No (readable) pointer: take whichever slot verifies with the highest version.
-            candidates: list[tuple[Slot, Bundle]] = []
-            for s in ("a", "b"):
-                found = self._read_slot(s, allow_older=False) if self.slot_path(s).exists() else None
-                if found is not None:
-                    candidates.append((s, found))
-            if not candidates:
-                self._pointer = None
-                return None
-            slot, best = max(candidates, key=lambda c: c[1].version)
-            self._write_pointer(Pointer(slot, None, "committed", best.version, None))
-            self.verifier.accept(best)
-            return best
-        reverted = pointer.state == "trial"
-        if reverted:
+        preferred: Slot | None = None if pointer is None else pointer.active
+        excluded: Slot | None = None
+        if pointer is not None and pointer.state == "trial":
             self.events.append(f"pointer was on trial of v{pointer.version}: reverting")
-            if pointer.previous is None:
-                self._write_pointer(None)
-                return None
-            pointer = Pointer(pointer.previous, None, "committed", pointer.previous_version or 0, None)
-            self._write_pointer(pointer)
-        bundle = self._read_slot(pointer.active, allow_older=reverted)
-        if bundle is not None:
-            self._pointer = pointer
+            preferred, excluded = pointer.previous, pointer.active
+        found: dict[Slot, Bundle] = {}
+        for s in ("a", "b"):
+            if s != excluded and (bundle := self._read_slot(s)) is not None:
+                found[s] = bundle
+        if not found:
+            self._pointer, self._active = pointer, None
+            return None
+        if preferred in found:
+            slot: Slot = preferred
+        else:
+            slot = max(found, key=lambda k: found[k].version)
+            if pointer is not None:
+                self.events.append(f"active slot {pointer.active} unusable: fell back to slot {slot} "
+                                   f"({found[slot].policy} v{found[slot].version})")
+        bundle = found[slot]
+        other: Slot = "b" if slot == "a" else "a"
+        keep_previous = pointer is not None and pointer.previous == other and other in found
+        resolved = Pointer(slot, other if keep_previous else None, "committed", bundle.version,
+                           found[other].version if keep_previous else None)
+        try:  # a read-only cache still runs its verified bundle; the repair waits for a writable disk
+            if resolved != pointer:
+                self._write_pointer(resolved)
             if bundle.version > self.verifier.highest_accepted(bundle.policy):
-                self.verifier.accept(bundle)
-            return bundle
-        if pointer.previous is not None:
-            fallback = self._read_slot(pointer.previous, allow_older=True)
-            if fallback is not None:
-                self._write_pointer(Pointer(pointer.previous, None, "committed", fallback.version, None))
-                return fallback
-        self._write_pointer(None)
-        return None
+                self._accept(bundle)
+        except CacheError as exc:
+            self.events.append(str(exc))
+            log.warning("policy cache %s: %s", self.root, exc)
+        self._pointer, self._active = resolved, bundle
+        return bundle
+
+    def verify(self, data: bytes) -> Bundle:
+        """Verify a bundle from the network (raise the `BundleError` naming the refusal).
+
+        Passes a version newer than the highest accepted, and the highest accepted version itself while the
+        cache does not hold it (it fell back after corruption, or a crash came between accept and swap).
+        """
+        bundle = self.verifier.verify(data, allow_current=True)
+        highest = self.verifier.highest_accepted(bundle.policy)
+        active = self._active
+        if bundle.version == highest and active is not None and active.policy == bundle.policy and (
+                active.version >= highest):
+            raise RollbackError(f"PolicyCache.verify: bundle {bundle.policy!r} v{bundle.version} is not newer than "
+                                f"the highest accepted version {highest}, which the cache holds (rollback refused)")
+        return bundle
+
+    def _accept(self, bundle: Bundle) -> None:
+        try:
+            self.verifier.accept(bundle)
+        except VerifierStateError as exc:
+            raise CacheError(f"PolicyCache: {exc}") from None
 
     # ------------------------------------------------------------------------------------------ updating
 
@@ -193,7 +252,7 @@ class PolicyCache:
             try:
                 obj = json.loads((self.root / "rejected.json").read_bytes())
                 found = {str(k): str(v) for k, v in obj.items()} if isinstance(obj, dict) else {}
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError):
                 found = {}
             self._rejected_cache = found
         return dict(self._rejected_cache)
@@ -223,9 +282,10 @@ class PolicyCache:
             raise CacheError("PolicyCache.commit: nothing staged; call stage(bundle) first")
         slot, bundle = self._staged
         old = self._pointer
+        self._accept(bundle)
         self._write_pointer(Pointer(slot, old.active if old else None, "committed", bundle.version,
                                     old.version if old else None))
-        self.verifier.accept(bundle)
+        self._active = bundle
         self._staged = None
         self._phase("committed", bundle)
         return bundle
@@ -238,9 +298,12 @@ class PolicyCache:
         rejected = self._rejected()
         rejected[f"{bundle.policy}:{bundle.version}:{bundle.manifest.model_sha256}"] = reason[:500]
         kept = dict(list(rejected.items())[-MAX_REJECTED:])
-        write_atomic(self.root / "rejected.json", json.dumps(kept).encode())
         self._rejected_cache = kept
         self._staged = None
+        try:
+            write_atomic(self.root / "rejected.json", json.dumps(kept).encode())
+        except OSError as exc:  # remembered in memory; only a restart would try it again
+            self.events.append(f"cannot write rejected.json: {exc}")
         self._phase("discarded", bundle)
 
     def describe(self) -> dict[str, Any]:

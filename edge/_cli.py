@@ -90,6 +90,8 @@ def _publish(args: argparse.Namespace) -> int:
     from edge._errors import EdgeConfigError
     from edge._publish import publish_bundle
 
+    if not 0 < args.timeout <= 3600:
+        raise EdgeConfigError(f"--timeout {args.timeout} must be above 0 and at most 3600 seconds")
     try:
         data = args.bundle.read_bytes()
     except OSError as exc:
@@ -118,6 +120,11 @@ def _edge_run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         agent.start()
+        if agent.version is None and config.broker is None:
+            from edge._errors import EdgeConfigError
+
+            raise EdgeConfigError(f"no verified policy in --cache-dir {config.cache_dir!r} and no --broker to fetch "
+                                  "one from; pass --broker mqtt://HOST:1883")
         if agent.version is None:
             print(f"{config.node_id}: no cached policy yet; waiting for one from {config.broker}", file=sys.stderr)
         else:
@@ -142,8 +149,11 @@ def _edge_run(args: argparse.Namespace) -> int:
 
 
 def _fleet(args: argparse.Namespace) -> int:
+    from edge._errors import EdgeConfigError
     from edge._fleet import FleetMonitor, format_fleet_table
 
+    if not 0 <= args.wait <= 3600:
+        raise EdgeConfigError(f"--wait {args.wait} must be between 0 and 3600 seconds")
     nodes = [n for n in args.nodes.split(",") if n] if args.nodes else None
     with FleetMonitor(broker=args.broker, fleet=args.fleet, nodes=nodes, username=args.username,
                       password=_password(args), ca_file=args.ca_file, cert_file=args.cert_file,

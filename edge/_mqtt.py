@@ -46,7 +46,8 @@ class LinkState(enum.Enum):
     UNREACHABLE = "unreachable"
     """The broker cannot be reached (refused, timed out, DNS); retrying with backoff."""
     REFUSED = "refused"
-    """The broker answered CONNACK with an error (bad credentials, not authorised); retrying with backoff."""
+    """The broker answered CONNACK with an error (bad credentials, not authorised); retrying with backoff until
+    `LinkConfig.max_refusals`, then the link gives up (`MqttLink.gave_up`)."""
     DISCONNECTED = "disconnected"
     """An established connection was lost; retrying with backoff."""
     CLOSED = "closed"
@@ -108,6 +109,9 @@ class LinkConfig:
     """Messages paho holds in memory in all (in flight + waiting); beyond it publish answers QUEUE_FULL."""
     connect_timeout_s: float = 5.0
     """TCP connect timeout."""
+    max_refusals: int | None = 5
+    """Consecutive CONNACK refusals (bad credentials, not authorised) after which the link gives up and
+    `gave_up` turns true (None: retry forever). An unreachable broker never counts: that is an outage."""
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,9 @@ class MqttLink:
         self._state = LinkState.NEW
         self.last_error: str | None = None
         self.connects = 0
+        self.refusals = 0
+        """Consecutive CONNACK refusals since the last successful connect."""
+        self._gave_up = threading.Event()
         self.connected_at: float | None = None
         """Clock reading of the latest CONNACK."""
         self.backoffs: list[float] = []
@@ -195,9 +202,13 @@ class MqttLink:
         if username:
             client.username_pw_set(username, password)
         if self.address.tls or config.ca_file or config.cert_file:
-            context = ssl.create_default_context(cafile=config.ca_file)
-            if config.cert_file:
-                context.load_cert_chain(config.cert_file, config.key_file)
+            try:
+                context = ssl.create_default_context(cafile=config.ca_file)
+                if config.cert_file:
+                    context.load_cert_chain(config.cert_file, config.key_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise EdgeConfigError(f"cannot load the TLS files (ca {config.ca_file!r}, cert {config.cert_file!r}, "
+                                      f"key {config.key_file!r}): {exc}; pass readable PEM files") from None
             client.tls_set_context(context)
         if will is not None:
             check_publish_topic(will[0])
@@ -219,6 +230,11 @@ class MqttLink:
     def state(self) -> LinkState:
         """The link's current state."""
         return self._state
+
+    @property
+    def gave_up(self) -> bool:
+        """Whether the broker refused the connection `LinkConfig.max_refusals` times in a row and the link stopped."""
+        return self._gave_up.is_set()
 
     @property
     def connected(self) -> bool:
@@ -268,6 +284,13 @@ class MqttLink:
         delay = self.config.reconnect_min_s
         first = True
         while not self._stop.is_set():
+            budget = self.config.max_refusals
+            if budget is not None and self.refusals >= budget:
+                # Retrying wrong credentials cannot succeed; the owner reads `gave_up` and stops with an error.
+                log.error("%s: giving up after %d refusals: %s", self.config.client_id, self.refusals,
+                          self.last_error)
+                self._gave_up.set()
+                return
             if self._client.socket() is None:
                 if self._closing:
                     return
@@ -312,6 +335,7 @@ class MqttLink:
 
     def _handle_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
         if reason_code.is_failure:
+            self.refusals += 1
             self._state = LinkState.REFUSED
             self.last_error = f"broker refused the connection: {reason_code}"
             log.warning("%s: %s", self.config.client_id, self.last_error)
@@ -321,6 +345,7 @@ class MqttLink:
         if topics:
             client.subscribe([(t, QOS) for t in topics])
         self.connects += 1
+        self.refusals = 0
         self.connected_at = self._clock()
         self.last_error = None
         self._state = LinkState.CONNECTED

@@ -1,0 +1,101 @@
+"""Every `strata edge`/`fleet`/`publish`/`broker` mistake is one line on stderr and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edge import write_broker_config
+from tests._cli import run_strata
+from tests._services import Mosquitto
+from tests.conftest import MosquittoFactory
+from tests.edge._policies import cartpole_bundle, make_keys
+
+
+def _one_clean_line(result: object, *expected: str, progress: int = 0) -> None:
+    """Exit 2 and one error line (after `progress` lines the command printed before it failed)."""
+    stderr = result.stderr  # type: ignore[attr-defined]
+    assert result.returncode == 2, (result.returncode, stderr)  # type: ignore[attr-defined]
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 + progress, stderr
+    assert lines[-1].startswith("strata "), lines[-1]
+    for text in expected:
+        assert text in lines[-1], lines[-1]
+
+
+@pytest.fixture
+def pub(tmp_path: Path) -> Path:
+    return make_keys(tmp_path / "keys")[1]
+
+
+def test_edge_run_refuses_bad_cache_folders_envs_and_a_missing_broker(tmp_path: Path, pub: Path) -> None:
+    base = ["edge", "run", "--fleet", "f", "--node-id", "n1", "--trust", str(pub), "--steps", "5"]
+    regular = tmp_path / "a-file"
+    regular.write_text("x")
+    for cache_dir in (regular / "cache", regular, Path("/proc/strata-cache")):
+        _one_clean_line(run_strata(*base, "--cache-dir", str(cache_dir)), f"--cache-dir {str(cache_dir)!r}",
+                        "pass a writable folder")
+    _one_clean_line(run_strata(*base, "--cache-dir", str(tmp_path / "c1"), "--env", "NoSuchEnv-v9"),
+                    "--env 'NoSuchEnv-v9'", "CartPole-v1")
+    _one_clean_line(run_strata(*base, "--cache-dir", str(tmp_path / "c2")), "no --broker", "--broker mqtt://")
+    _one_clean_line(run_strata(*base, "--cache-dir", str(tmp_path / "c3"), "--broker", "mqtt://127.0.0.1:1",
+                               "--ca-file", str(tmp_path / "missing.pem")), "cannot load the TLS files")
+    _one_clean_line(run_strata(*base, "--cache-dir", str(tmp_path / "c4"), "--trust", str(tmp_path / "nokey.pub")))
+    _one_clean_line(run_strata(*base, "--cache-dir", str(tmp_path / "c5"), "--broker", "mqtt://127.0.0.1:1",
+                               "--password-file", str(tmp_path / "nopw")), "cannot read the broker password file")
+
+
+def test_publish_fleet_and_broker_config_refuse_bad_arguments(tmp_path: Path) -> None:
+    not_a_bundle = tmp_path / "x.bundle"
+    not_a_bundle.write_bytes(b"not a bundle")
+    link = ["--broker", "mqtt://127.0.0.1:1", "--fleet", "f"]
+    _one_clean_line(run_strata("publish", str(not_a_bundle), *link), "strata publish: error:")
+    _one_clean_line(run_strata("publish", str(tmp_path), *link), "cannot read")
+    _one_clean_line(run_strata("publish", str(not_a_bundle), *link, "--timeout", "-1"), "--timeout -1.0")
+    _one_clean_line(run_strata("publish", str(not_a_bundle), "--broker", "http://x", "--fleet", "f"),
+                    "strata publish: error:")
+    _one_clean_line(run_strata("fleet", *link, "--wait", "-1"), "--wait -1.0")
+    _one_clean_line(run_strata("fleet", *link, "--nodes", "a/b"), "node id 'a/b'")
+    _one_clean_line(run_strata("fleet", "--broker", "mqtt://127.0.0.1:1", "--fleet", "a+b"), "fleet 'a+b'")
+    _one_clean_line(run_strata("fleet", *link, "--ca-file", str(tmp_path / "missing.pem")),
+                    "cannot load the TLS files")
+    regular = tmp_path / "a-file"
+    regular.write_text("x")
+    _one_clean_line(run_strata("broker", "config", "--out", str(regular / "bc"), "--fleet", "f", "--nodes", "a"),
+                    "cannot write into", "--out")
+    _one_clean_line(run_strata("broker", "config", "--out", str(tmp_path / "bc"), "--fleet", "f", "--nodes", ""),
+                    "need at least one node")
+    _one_clean_line(run_strata("broker", "config", "--out", str(tmp_path / "bc"), "--fleet", "f", "--nodes", "a",
+                               "--port", "70000"), "port 70000")
+    _one_clean_line(run_strata("broker", "config", "--out", str(tmp_path / "bc"), "--fleet", "f", "--nodes",
+                               "a,cloud"), "distinct user names")
+
+
+def test_publish_exits_nonzero_when_the_broker_is_unreachable(tmp_path: Path) -> None:
+    key, _ = make_keys(tmp_path / "keys")
+    bundle = tmp_path / "b.bundle"
+    bundle.write_bytes(cartpole_bundle(key, 1).to_bytes())
+    nobody = Mosquitto(tmp_path / "nobody")  # never started
+    _one_clean_line(run_strata("publish", str(bundle), "--broker", nobody.url, "--fleet", "f", "--timeout", "1"),
+                    "not connected")
+
+
+def test_edge_run_with_refused_credentials_exits_nonzero_after_its_retry_budget(
+        tmp_path: Path, mosquitto_factory: MosquittoFactory, pub: Path) -> None:
+    files = write_broker_config(tmp_path / "bc", fleet="f", nodes=["n1"])
+    broker = mosquitto_factory([f"password_file {files.passwd}", f"acl_file {files.acl}"], anonymous=False)
+    wrong = tmp_path / "wrong.password"
+    wrong.write_text("not-the-password\n")
+    result = run_strata("edge", "run", "--fleet", "f", "--node-id", "n1", "--trust", str(pub), "--cache-dir",
+                        str(tmp_path / "c"), "--broker", broker.url, "--username", "n1", "--password-file",
+                        str(wrong), "--log-level", "CRITICAL", "--json")
+    _one_clean_line(result, "refused the connection 5 times", "--password-file", progress=1)  # "waiting for..."
+    # and the right password works with the same command line
+    ok = run_strata("edge", "run", "--fleet", "f", "--node-id", "n1", "--trust", str(pub), "--cache-dir",
+                    str(tmp_path / "c"), "--broker", broker.url, "--username", "n1", "--password-file",
+                    str(files.credentials["n1"]), "--duration", "0.5", "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout.strip().splitlines()[-1])["version"] is None
