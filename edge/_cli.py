@@ -1,10 +1,11 @@
-"""Edge-tier commands: `strata publish`, `strata edge run`, `strata fleet` and `strata broker config`."""
+"""Edge-tier commands: `strata publish`, `strata edge run|config|install|uninstall`, `strata fleet`, `strata broker`."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -30,7 +31,6 @@ def _password(args: argparse.Namespace) -> str | None:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the edge tier's commands to the root parser."""
-    from device import add_config_arguments
     from edge._agent import EdgeAgentConfig
 
     publish = sub.add_parser(
@@ -49,13 +49,46 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Run an edge agent: follow the fleet's policy over MQTT (every bundle verified, A/B cache, "
         "health check, automatic revert), act with it on a local gymnasium simulator, report telemetry through "
         "a disk-backed outbox. Works offline on the cached policy.")
-    add_config_arguments(run, EdgeAgentConfig)
-    for action in run._actions:
-        if action.dest in ("fleet", "node_id", "cache_dir", "trust"):
-            action.required = True
+    _config_flags(run, EdgeAgentConfig)
     run.add_argument("--log-level", default="WARNING", help="logging level (default: %(default)s)")
     run.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     run.set_defaults(func=_edge_run)
+
+    config_cmd = edge_sub.add_parser(
+        "config", help="show or check an edge agent's merged config",
+        description="Merge the config file, STRATA_EDGE_* variables and flags as `strata edge run` does.")
+    config_sub = config_cmd.add_subparsers(dest="config_command", metavar="COMMAND", required=True)
+    show = config_sub.add_parser("show", help="print the merged config and where each value came from",
+                                 description="Print the merged config as TOML, each value followed by its "
+                                 "source: default, file, env or flag.")
+    _config_flags(show, EdgeAgentConfig)
+    show.set_defaults(func=_edge_config_show)
+    check = config_sub.add_parser("check", help="validate a config and the files it names (for ExecStartPre)",
+                                  description="Exit 0 when the merged config is valid and every file it names "
+                                  "(trusted keys, password, TLS files) can be read; otherwise one line, exit 2.")
+    _config_flags(check, EdgeAgentConfig)
+    check.set_defaults(func=_edge_config_check)
+
+    install = edge_sub.add_parser(
+        "install", help="install a node's kit as a hardened systemd service",
+        description="Place the kit's config and credentials under /etc/strata/NODE/ (0600), state under "
+        "/var/lib/strata/NODE/, and a hardened unit strata-edge-NODE.service; create the unprivileged "
+        "strata-edge user and start the service when systemd runs (as root, --prefix /).")
+    install.add_argument("--kit", required=True, type=Path, help="kit folder (from `strata broker config --kits` "
+                         "or `strata infra apply --kits`)")
+    install.add_argument("--prefix", default=Path("/"), type=Path,
+                         help="root to write under, for staging an image (default: %(default)s)")
+    install.add_argument("--dry-run", action="store_true", help="print every folder and file it would write")
+    install.add_argument("--no-start", action="store_true", help="write the files, do not enable or start")
+    install.set_defaults(func=_edge_install)
+    uninstall = edge_sub.add_parser("uninstall", help="stop and remove a node's service and config",
+                                    description="Stop, disable and remove strata-edge-NODE.service and "
+                                    "/etc/strata/NODE/; the cache and outbox in /var/lib/strata/NODE/ stay "
+                                    "unless --purge.")
+    uninstall.add_argument("--node", required=True, help="node id")
+    uninstall.add_argument("--prefix", default=Path("/"), type=Path, help="root (default: %(default)s)")
+    uninstall.add_argument("--purge", action="store_true", help="delete the node's state (cache, outbox) too")
+    uninstall.set_defaults(func=_edge_uninstall)
 
     fleet = sub.add_parser(
         "fleet", help="show a fleet's nodes: online, policy version, lag, last telemetry",
@@ -83,7 +116,78 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     config.add_argument("--port", type=int, default=1883, help="listener port in mosquitto.conf (default: %(default)s)")
     config.add_argument("--bind", default="127.0.0.1",
                         help="listener address in mosquitto.conf; 0.0.0.0 serves other hosts (default: %(default)s)")
+    config.add_argument("--kits", default=None, type=Path,
+                        help="also write a provisioning kit per node into KITS/<node>/ (edge.toml, password, "
+                        "trusted key; files 0600) for `strata edge install --kit`")
+    config.add_argument("--trust", default=None, type=Path,
+                        help="public signing key the nodes trust (strata-signing.pub); needed with --kits")
+    config.add_argument("--broker-url", default=None,
+                        help="URL the nodes reach this broker at, written into the kits (default: "
+                        "mqtt://BIND:PORT; needed when --bind is a wildcard)")
     config.set_defaults(func=_broker_config)
+
+
+def _config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+    from device import add_config_arguments
+
+    parser.add_argument("--config", default=None, type=Path,
+                        help="TOML config file; STRATA_EDGE_* variables, then flags, override its values")
+    add_config_arguments(parser, cls)
+
+
+def _layered(args: argparse.Namespace) -> Any:
+    import dataclasses
+    import os
+
+    from device._config_file import load_layered
+    from edge._provision import EDGE_LAYOUT
+
+    flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(EDGE_LAYOUT.cls) if f.init}
+    return load_layered(EDGE_LAYOUT, file=args.config, environ=os.environ, flags=flags)
+
+
+def _edge_config_show(args: argparse.Namespace) -> int:
+    from device._config_file import format_layered
+    from edge._provision import EDGE_LAYOUT
+
+    print(format_layered(EDGE_LAYOUT, _layered(args)), end="")
+    return 0
+
+
+def _edge_config_check(args: argparse.Namespace) -> int:
+    from device import TrustStore, load_public_key
+    from edge._agent import read_password_file
+    from edge._errors import EdgeConfigError
+
+    config = _layered(args).config
+    TrustStore([load_public_key(Path(p)) for p in config.trust])
+    if config.password_file is not None:
+        read_password_file(Path(config.password_file))
+    for name in ("ca_file", "cert_file", "key_file"):
+        path = getattr(config, name)
+        if path is not None and not os.access(path, os.R_OK):
+            raise EdgeConfigError(f"strata edge config check: {name} {path} cannot be read; fix the path or its "
+                                  "permissions")
+    print(f"{config.node_id}: config valid (fleet {config.fleet}, broker {config.broker or 'none: offline'})")
+    return 0
+
+
+def _edge_install(args: argparse.Namespace) -> int:
+    from edge._provision import install, plan_install
+
+    plan = plan_install(args.kit, prefix=args.prefix)
+    if args.dry_run:
+        print(plan.describe())
+        return 0
+    install(plan, prefix=args.prefix, start=not args.no_start)
+    return 0
+
+
+def _edge_uninstall(args: argparse.Namespace) -> int:
+    from edge._provision import uninstall
+
+    uninstall(args.node, prefix=args.prefix, purge=args.purge)
+    return 0
 
 
 def _publish(args: argparse.Namespace) -> int:
@@ -106,11 +210,10 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _edge_run(args: argparse.Namespace) -> int:
-    from device import config_from_args
-    from edge._agent import EdgeAgent, EdgeAgentConfig
+    from edge._agent import EdgeAgent
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = config_from_args(EdgeAgentConfig, args)
+    config = _layered(args).config
     agent = EdgeAgent(config)
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -180,11 +283,34 @@ def _fleet(args: argparse.Namespace) -> int:
 
 def _broker_config(args: argparse.Namespace) -> int:
     from edge._broker_config import write_broker_config
+    from edge._errors import EdgeConfigError
+    from edge._provision import write_kit
 
-    files = write_broker_config(args.out, fleet=args.fleet, nodes=[n for n in args.nodes.split(",") if n],
+    nodes = [n for n in args.nodes.split(",") if n]
+    if args.kits is not None:  # check the kit flags before writing anything
+        if args.trust is None:
+            raise EdgeConfigError("strata broker config: --kits needs --trust PUBKEY, the signing key the nodes "
+                                  "trust (strata-signing.pub from `strata keys generate`)")
+        if args.broker_url is None and args.bind in ("0.0.0.0", "::", ""):
+            raise EdgeConfigError(f"strata broker config: --bind {args.bind} serves every interface; say which "
+                                  "address the nodes use with --broker-url mqtt://HOST:PORT")
+        try:
+            trusted = args.trust.read_bytes()
+        except OSError as exc:
+            raise EdgeConfigError(f"strata broker config: cannot read --trust {args.trust}: "
+                                  f"{exc.strerror or exc}") from None
+    files = write_broker_config(args.out, fleet=args.fleet, nodes=nodes,
                                 cloud_user=[u for u in args.cloud_user.split(",") if u], port=args.port,
                                 bind=args.bind)
     print(f"wrote {files.passwd} (hashed with {files.hashed_with}), {files.acl}, {files.conf}")
     print(f"passwords (mode 0600) in {args.out / 'credentials'}/: pass one with --username USER "
           "--password-file FILE")
+    if args.kits is not None:
+        url = args.broker_url or f"mqtt://{args.bind}:{args.port}"
+        for node in nodes:
+            kit = write_kit(args.kits, node=node,
+                            config={"fleet": args.fleet, "broker": url, "username": node,
+                                    "password_file": "password", "trust": (args.trust.name,)},
+                            files={"password": files.credentials[node].read_bytes(), args.trust.name: trusted})
+            print(f"kit for {node}: {kit.directory}/ ({', '.join(kit.files)})")
     return 0

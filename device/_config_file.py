@@ -1,0 +1,273 @@
+"""Config files for long-running commands: a grouped TOML file, then ``STRATA_*`` variables, then flags.
+
+``strata edge run --config edge.toml`` and ``strata device run --config device.toml`` read their frozen config
+dataclass from three layers, each overriding the one before, and remember where every value came from::
+
+    dataclass default  <  TOML file (grouped tables)  <  environment (STRATA_EDGE_*)  <  command-line flag
+
+The file holds one table per group (``[broker]``, ``[identity]``, ...) and one key per config field, named as the
+field (the flag without its dashes). Relative paths in the file are read relative to the file, so a provisioning
+kit can be copied anywhere. An unknown table or key, a value of the wrong type or a missing required value is a
+`ConfigError` naming the key and the fix. Only the standard library is used (``tomllib``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, Literal, TypeVar, get_args, get_origin
+
+from device._errors import ConfigError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ConfigLayout:
+    """How one config dataclass is laid out in a file and in the environment.
+
+    Args:
+        cls: The frozen config dataclass.
+        groups: Table name -> the fields it holds; every init field is in exactly one table.
+        env_prefix: Prefix of the environment variables (``STRATA_EDGE_`` -> ``STRATA_EDGE_NODE_ID``).
+        paths: Fields that hold file paths (relative ones in a file are read relative to the file).
+        command: The command, for messages (``strata edge run``).
+    """
+
+    cls: type
+    groups: Mapping[str, tuple[str, ...]]
+    env_prefix: str
+    paths: frozenset[str]
+    command: str
+
+    def __post_init__(self) -> None:
+        fields = [f.name for f in dataclasses.fields(self.cls) if f.init]
+        placed = [name for names in self.groups.values() for name in names]
+        missing = sorted(set(fields) - set(placed))
+        extra = sorted(set(placed) - set(fields))
+        twice = sorted({n for n in placed if placed.count(n) > 1})
+        if missing or extra or twice:
+            raise ConfigError(f"ConfigLayout of {self.cls.__name__}: fields in no table {missing}, unknown "
+                              f"fields {extra}, fields in two tables {twice}")
+
+    def group_of(self, name: str) -> str:
+        """The table that holds field `name`."""
+        return next(group for group, names in self.groups.items() if name in names)
+
+    def env_name(self, name: str) -> str:
+        """The environment variable of field `name`."""
+        return self.env_prefix + name.upper()
+
+
+@dataclass(frozen=True)
+class Layered(Generic[T]):
+    """A config built from layers, with where each value came from."""
+
+    config: T
+    """The merged, validated config."""
+    sources: dict[str, str]
+    """Field -> ``default``, ``file PATH``, ``env NAME`` or ``flag --name``."""
+
+
+def _hint(cls: type, name: str) -> Any:
+    hint = typing.get_type_hints(cls)[name]
+    if get_origin(hint) in (types.UnionType, typing.Union):
+        non_none = [a for a in get_args(hint) if a is not type(None)]
+        hint = non_none[0] if len(non_none) == 1 else str
+    return hint
+
+
+def _type_name(hint: Any) -> str:
+    origin = get_origin(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(hint))
+    if origin is tuple:
+        return f"a list of {get_args(hint)[0].__name__}"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
+
+
+def _coerce(hint: Any, value: Any) -> Any:
+    """`value` as the field's type, or raise TypeError."""
+    origin = get_origin(hint)
+    if origin is Literal:
+        if value in get_args(hint):
+            return value
+        raise TypeError
+    if origin is tuple:
+        if isinstance(value, list | tuple):
+            return tuple(_coerce(get_args(hint)[0], v) for v in value)
+        raise TypeError
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise TypeError
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise TypeError
+    if hint is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise TypeError
+    if hint is str and isinstance(value, str):
+        return value
+    raise TypeError
+
+
+def _from_env(hint: Any, text: str) -> Any:
+    """An environment variable's text as the field's type, or raise TypeError/ValueError."""
+    origin = get_origin(hint)
+    if origin is tuple:
+        return tuple(_from_env(get_args(hint)[0], part.strip()) for part in text.split(",") if part.strip())
+    if hint is bool:
+        lowered = text.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ValueError
+    if hint is int:
+        return int(text)
+    if hint is float:
+        return float(text)
+    return _coerce(hint, text)
+
+
+def read_config_file(layout: ConfigLayout, path: Path) -> dict[str, Any]:
+    """The fields set in the TOML file at `path` (validated; relative paths made relative to the file)."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{layout.command}: cannot read config file {path}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{layout.command}: {path} is not valid TOML: {exc}") from None
+    values: dict[str, Any] = {}
+    for group, table in raw.items():
+        if group not in layout.groups:
+            raise ConfigError(f"{layout.command}: {path}: unknown table [{group}]; the tables are "
+                              f"{', '.join(f'[{g}]' for g in layout.groups)}")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{layout.command}: {path}: {group} must be a table ([{group}] with keys under it)")
+        for key, value in table.items():
+            if key not in layout.groups[group]:
+                where = [g for g, names in layout.groups.items() if key in names]
+                fix = (f"it belongs in [{where[0]}]" if where
+                       else f"the keys of [{group}] are {', '.join(layout.groups[group])}")
+                raise ConfigError(f"{layout.command}: {path}: unknown key {group}.{key}; {fix}")
+            hint = _hint(layout.cls, key)
+            try:
+                value = _coerce(hint, value)
+            except TypeError:
+                raise ConfigError(f"{layout.command}: {path}: {group}.{key} must be {_type_name(hint)}, got "
+                                  f"{value!r}") from None
+            if key in layout.paths:
+                value = _relative_to(path.parent, value)
+            values[key] = value
+    return values
+
+
+def _relative_to(base: Path, value: Any) -> Any:
+    if isinstance(value, tuple):
+        return tuple(_relative_to(base, v) for v in value)
+    p = Path(os.path.expanduser(value))
+    return str(p if p.is_absolute() else (base / p))
+
+
+def read_environment(layout: ConfigLayout, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The fields set by ``{env_prefix}FIELD`` variables; a variable with the prefix but no field is an error."""
+    names = {layout.env_name(f.name): f.name for f in dataclasses.fields(layout.cls) if f.init}
+    values: dict[str, Any] = {}
+    for var, text in environ.items():
+        if not var.startswith(layout.env_prefix):
+            continue
+        if var not in names:
+            raise ConfigError(f"{layout.command}: unknown environment variable {var}; the variables are "
+                              f"{layout.env_prefix}<KEY> for the keys of the config file (e.g. {next(iter(names))})")
+        name = names[var]
+        hint = _hint(layout.cls, name)
+        try:
+            values[name] = _from_env(hint, text)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{layout.command}: {var}={text!r} must be {_type_name(hint)}") from None
+    return values
+
+
+def load_layered(layout: ConfigLayout, *, file: Path | None, environ: Mapping[str, str],
+                 flags: Mapping[str, Any]) -> Layered[Any]:
+    """Merge default < file < environment < flags into `layout.cls`, remembering each value's source.
+
+    Args:
+        layout: The config's tables, environment prefix and path fields.
+        file: The TOML file, or None.
+        environ: The environment (``os.environ``).
+        flags: Field -> value for the flags given on the command line (None values are "not given").
+    """
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if file is not None:
+        layers.append((f"file {file}", read_config_file(layout, file)))
+    layers.append(("env", read_environment(layout, environ)))
+    layers.append(("flag", {k: (tuple(v) if isinstance(v, list) else v) for k, v in flags.items() if v is not None}))
+    for label, layer in layers:
+        for name, value in layer.items():
+            values[name] = value
+            sources[name] = (f"env {layout.env_name(name)}" if label == "env"
+                             else f"flag --{name.replace('_', '-')}" if label == "flag" else label)
+    missing = [f.name for f in dataclasses.fields(layout.cls)
+               if f.init and f.name not in values
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        name = missing[0]
+        raise ConfigError(f"{layout.command}: {layout.group_of(name)}.{name} is required: set it in the config file "
+                          f"(--config), in {layout.env_name(name)} or with --{name.replace('_', '-')}")
+    try:
+        config = layout.cls(**values)
+    except TypeError as exc:
+        raise ConfigError(f"{layout.command}: {exc}") from None
+    for f in dataclasses.fields(layout.cls):
+        if f.init:
+            sources.setdefault(f.name, "default")
+    return Layered(config=config, sources=sources)
+
+
+def format_layered(layout: ConfigLayout, layered: Layered[Any]) -> str:
+    """The merged config as TOML, each value followed by a comment saying where it came from."""
+    lines: list[str] = []
+    for group, names in layout.groups.items():
+        lines.append(f"[{group}]")
+        for name in names:
+            value = getattr(layered.config, name)
+            entry = f"# {name} (unset)" if value is None else f"{name} = {_toml_value(value)}"
+            lines.append(f"{entry:<48}  # {layered.sources[name]}")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def to_toml(layout: ConfigLayout, values: Mapping[str, Any]) -> str:
+    """A config file for `values` (field -> value), grouped by table; None values are left out."""
+    lines: list[str] = []
+    for group, names in layout.groups.items():
+        present = [(n, values[n]) for n in names if values.get(n) is not None]
+        if not present:
+            continue
+        lines.append(f"[{group}]")
+        lines.extend(f"{n} = {_toml_value(v)}" for n, v in present)
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,352 @@
+"""From credentials to a running node: the edge config file, provisioning kits and the systemd service.
+
+::
+
+    strata broker config --kits DIR      (Mosquitto)     ┐  kits/<node>/: edge.toml, credentials, signing key,
+    strata infra apply --kits DIR        (AWS IoT Core)  ┘  every file 0600, nothing of another node's
+          │ copy kits/<node>/ to the device
+          v
+    strata edge install --kit DIR        /etc/strata/<node>/ (config + secrets, 0600, owned by the service user)
+                                         /var/lib/strata/<node>/ (cache, outbox; the only writable path)
+                                         /etc/systemd/system/strata-edge-<node>.service (hardened)
+          │ systemctl enable --now strata-edge-<node>
+          v
+    strata edge run --config /etc/strata/<node>/edge.toml   (ExecStartPre: strata edge config check)
+
+`EDGE_LAYOUT` says which table of ``edge.toml`` holds each `EdgeAgentConfig` field; `device._config_file` merges
+the file, ``STRATA_EDGE_*`` variables and flags. Install writes under ``--prefix`` (a staging root, like
+``DESTDIR``) while every path inside the unit and the config names the final location.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from device._config_file import ConfigLayout, load_layered, read_config_file, to_toml
+from edge._agent import EdgeAgentConfig
+from edge._errors import EdgeConfigError
+
+EDGE_LAYOUT = ConfigLayout(
+    cls=EdgeAgentConfig,
+    groups={
+        "identity": ("fleet", "node_id", "trust", "policy"),
+        "broker": ("broker", "username", "password_file", "ca_file", "cert_file", "key_file"),
+        "cache": ("cache_dir",),
+        "simulator": ("env", "seed", "steps", "duration", "control_period_s", "serve_devices"),
+        "health": ("health_deadline_s", "health_latency_budget_ms", "health_min_return", "health_episodes"),
+        "telemetry": ("telemetry_interval_s", "experience_steps", "outbox_max_records", "outbox_overflow"),
+    },
+    env_prefix="STRATA_EDGE_",
+    paths=frozenset({"trust", "cache_dir", "password_file", "ca_file", "cert_file", "key_file"}),
+    command="strata edge",
+)
+
+KIT_CONFIG = "edge.toml"
+"""The config file's name inside a kit and under /etc/strata/<node>/."""
+SERVICE_USER = "strata-edge"
+"""The unprivileged system user the service runs as."""
+_SECRET_FIELDS = ("password_file", "key_file")
+
+
+# ---- kits -----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Kit:
+    """What one node needs, written to ``kits/<node>/``."""
+
+    node: str
+    """The node id."""
+    directory: Path
+    """Where the kit was written."""
+    files: tuple[str, ...]
+    """File names in the kit (all mode 0600)."""
+
+
+def write_kit(out: Path, *, node: str, config: Mapping[str, Any], files: Mapping[str, bytes]) -> Kit:
+    """Write ``out/<node>/`` holding `files` and an ``edge.toml`` made of `config` (field -> value).
+
+    Paths in `config` that name one of `files` are written relative to the kit, so it works wherever it is
+    copied. The folder is 0700 and every file 0600; a file already there is replaced atomically.
+    """
+    kit = out / node
+    try:
+        kit.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(kit, 0o700)
+        for name, data in files.items():
+            _write_private(kit / name, data)
+        values = {"node_id": node, "cache_dir": "cache", **config}
+        _write_private(kit / KIT_CONFIG, to_toml(EDGE_LAYOUT, values).encode())
+    except OSError as exc:
+        raise EdgeConfigError(f"cannot write the kit of node {node!r} in {kit}: {exc.strerror or exc}; choose a "
+                              "writable folder") from None
+    return Kit(node=node, directory=kit, files=(*sorted(files), KIT_CONFIG))
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+# ---- the systemd unit ------------------------------------------------------------------------------------------
+
+def unit_name(node: str) -> str:
+    """The systemd unit of node `node`."""
+    return f"strata-edge-{node}.service"
+
+
+def strata_executable() -> str:
+    """Absolute path of the ``strata`` console script this Python runs."""
+    beside = Path(sys.executable).with_name("strata")
+    found = str(beside) if beside.exists() else shutil.which("strata")
+    if not found:
+        raise EdgeConfigError("strata edge install: the `strata` command is not installed beside "
+                              f"{sys.executable}; install strata into that environment first")
+    return str(Path(found).absolute())
+
+
+def render_unit(*, node: str, config_path: str, state_dir: str, executable: str, user: str = SERVICE_USER) -> str:
+    """A hardened systemd unit running ``strata edge run --config config_path`` as `user`.
+
+    The agent needs the network (MQTT), its config (read-only) and its state folder (read-write), nothing else:
+    the file system is read-only but for `state_dir`, /home and /tmp are hidden, no privileges can be gained,
+    and system calls are limited to those of an ordinary service. It restarts after any exit, with a delay.
+    """
+    return f"""# strata edge agent of node {node}, written by `strata edge install`; `strata edge uninstall` removes it.
+[Unit]
+Description=strata edge agent (node {node})
+After=network-online.target
+Wants=network-online.target
+StartLimitIntervalSec=0
+
+[Service]
+Type=simple
+User={user}
+Group={user}
+ExecStartPre={executable} edge config check --config {config_path}
+ExecStart={executable} edge run --config {config_path}
+Restart=always
+RestartSec=5
+TimeoutStopSec=30
+Environment=PYTHONUNBUFFERED=1
+StateDirectory={state_dir.removeprefix('/var/lib/')}
+StateDirectoryMode=0700
+ReadWritePaths={state_dir}
+ProtectSystem=strict
+ProtectHome=yes
+PrivateTmp=yes
+PrivateDevices=yes
+NoNewPrivileges=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+ProtectProc=invisible
+ProcSubset=pid
+RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+SystemCallArchitectures=native
+SystemCallFilter=@system-service
+SystemCallFilter=~@privileged @resources
+CapabilityBoundingSet=
+AmbientCapabilities=
+UMask=0077
+RemoveIPC=yes
+PrivateUsers=yes
+DevicePolicy=closed
+KeyringMode=private
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+# ---- install / uninstall ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PlannedFile:
+    """One file `strata edge install` writes."""
+
+    path: Path
+    """Where it is written (under the prefix)."""
+    mode: int
+    """Its permission bits."""
+    data: bytes
+    """Its content."""
+    secret: bool
+    """Whether its content must never be printed."""
+
+
+@dataclass(frozen=True)
+class InstallPlan:
+    """Everything `strata edge install` does for one node."""
+
+    node: str
+    config_path: str
+    """The config's final path (what the unit names)."""
+    state_dir: str
+    """The node's final state folder."""
+    files: tuple[PlannedFile, ...]
+    directories: tuple[tuple[Path, int], ...]
+    """Folders to create (under the prefix) and their modes."""
+
+    def describe(self) -> str:
+        """Every folder and file the install writes; secrets by size only."""
+        lines = [f"strata edge install: node {self.node}"]
+        lines += [f"  mkdir  {oct(mode)[2:]:>4}  {path}/" for path, mode in self.directories]
+        for f in self.files:
+            lines.append(f"  write  {oct(f.mode)[2:]:>4}  {f.path} ({len(f.data)} bytes)")
+            if not f.secret:
+                lines += [f"         | {line}" for line in f.data.decode().splitlines()]
+        return "\n".join(lines)
+
+
+def plan_install(kit: Path, *, prefix: Path = Path("/"), executable: str | None = None,
+                 user: str = SERVICE_USER) -> InstallPlan:
+    """What installing the kit at `kit` writes under `prefix`; reads the kit and validates its config."""
+    config_file = kit / KIT_CONFIG
+    if not config_file.is_file():
+        raise EdgeConfigError(f"strata edge install: {kit} is not a kit (no {KIT_CONFIG}); make one with "
+                              "`strata broker config --kits DIR` or `strata infra apply --kits DIR`")
+    config: EdgeAgentConfig = load_layered(EDGE_LAYOUT, file=config_file, environ={}, flags={}).config
+    node = config.node_id
+    etc, state = f"/etc/strata/{node}", f"/var/lib/strata/{node}"
+    files: list[PlannedFile] = []
+    moved: dict[str, Any] = {}
+    for name in sorted(EDGE_LAYOUT.paths - {"cache_dir"}):
+        value = getattr(config, name)
+        if value is None:
+            continue
+        paths = value if isinstance(value, tuple) else (value,)
+        final = []
+        for p in paths:
+            source = Path(p)
+            try:
+                data = source.read_bytes()
+            except OSError as exc:
+                raise EdgeConfigError(f"strata edge install: {EDGE_LAYOUT.group_of(name)}.{name} names {source}, "
+                                      f"which cannot be read: {exc.strerror or exc}") from None
+            target = f"{etc}/{source.name}"
+            files.append(PlannedFile(path=_under(prefix, target), mode=0o600, data=data,
+                                     secret=name in _SECRET_FIELDS))
+            final.append(target)
+        moved[name] = tuple(final) if isinstance(value, tuple) else final[0]
+    values = {**read_config_file(EDGE_LAYOUT, config_file), **moved, "cache_dir": f"{state}/cache"}
+    config_path = f"{etc}/{KIT_CONFIG}"
+    files.append(PlannedFile(path=_under(prefix, config_path), mode=0o600,
+                             data=to_toml(EDGE_LAYOUT, values).encode(), secret=False))
+    unit = render_unit(node=node, config_path=config_path, state_dir=state,
+                       executable=executable or strata_executable(), user=user)
+    files.append(PlannedFile(path=_under(prefix, f"/etc/systemd/system/{unit_name(node)}"), mode=0o644,
+                             data=unit.encode(), secret=False))
+    directories = ((_under(prefix, etc), 0o700), (_under(prefix, state), 0o700))
+    return InstallPlan(node=node, config_path=config_path, state_dir=state, files=tuple(files),
+                       directories=directories)
+
+
+def _under(prefix: Path, path: str) -> Path:
+    return prefix / path.lstrip("/")
+
+
+def _systemd_running() -> bool:
+    return Path("/run/systemd/system").is_dir()
+
+
+def install(plan: InstallPlan, *, prefix: Path, user: str = SERVICE_USER, start: bool = True,
+            log: Callable[[str], None] = print) -> None:
+    """Carry out `plan`: folders, files (atomically), the service user and, on a live systemd, the service."""
+    real_root = prefix.resolve() == Path("/")
+    owner: pwd.struct_passwd | None = None
+    if real_root and os.geteuid() == 0:
+        owner = _ensure_user(user, log)
+    elif real_root:
+        raise EdgeConfigError("strata edge install: installing into / needs root (run it with sudo), or stage "
+                              "the files with --prefix DIR")
+    try:
+        for path, mode in plan.directories:
+            path.mkdir(parents=True, exist_ok=True, mode=mode)
+            os.chmod(path, mode)
+            if owner is not None:
+                os.chown(path, owner.pw_uid, owner.pw_gid)
+        for f in plan.files:
+            f.path.parent.mkdir(parents=True, exist_ok=True)
+            _write_private(f.path, f.data)
+            os.chmod(f.path, f.mode)
+            if owner is not None and f.mode == 0o600:
+                os.chown(f.path, owner.pw_uid, owner.pw_gid)
+    except OSError as exc:
+        raise EdgeConfigError(f"strata edge install: cannot write under {prefix}: {exc.strerror or exc} "
+                              f"({getattr(exc, 'filename', '')})") from None
+    for f in plan.files:
+        log(f"wrote {f.path} ({oct(f.mode)[2:]})")
+    unit = unit_name(plan.node)
+    if real_root and _systemd_running() and start:
+        _systemctl("daemon-reload")
+        _systemctl("enable", "--now", unit)
+        log(f"started {unit}; follow it with: journalctl -u {unit} -f")
+    else:
+        log(f"next: systemctl daemon-reload && systemctl enable --now {unit}")
+
+
+def _ensure_user(user: str, log: Callable[[str], None]) -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(user)
+    except KeyError:
+        pass
+    useradd = shutil.which("useradd")
+    if useradd is None:
+        raise EdgeConfigError(f"strata edge install: no user {user!r} and no useradd to create it; create a "
+                              f"system user named {user} first")
+    subprocess.run([useradd, "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell",
+                    "/usr/sbin/nologin", user], check=True, capture_output=True)
+    log(f"created system user {user}")
+    return pwd.getpwnam(user)
+
+
+def _systemctl(*args: str) -> None:
+    result = subprocess.run(["systemctl", *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise EdgeConfigError(f"systemctl {' '.join(args)} failed: {result.stderr.strip() or result.returncode}")
+
+
+def uninstall(node: str, *, prefix: Path = Path("/"), purge: bool = False,
+              log: Callable[[str], None] = print) -> None:
+    """Stop and remove node `node`'s service and config; its state too with `purge`."""
+    unit = unit_name(node)
+    real_root = prefix.resolve() == Path("/")
+    unit_file = _under(prefix, f"/etc/systemd/system/{unit}")
+    etc, state = _under(prefix, f"/etc/strata/{node}"), _under(prefix, f"/var/lib/strata/{node}")
+    if not unit_file.exists() and not etc.exists():
+        raise EdgeConfigError(f"strata edge uninstall: node {node!r} is not installed under {prefix} "
+                              f"(no {unit_file}); `ls {_under(prefix, '/etc/strata')}` lists installed nodes")
+    if real_root and _systemd_running():
+        _systemctl("disable", "--now", unit)
+    unit_file.unlink(missing_ok=True)
+    shutil.rmtree(etc, ignore_errors=True)
+    log(f"removed {unit_file} and {etc}/")
+    if purge:
+        shutil.rmtree(state, ignore_errors=True)
+        log(f"removed {state}/ (cache and outbox)")
+    else:
+        log(f"kept {state}/ (cache and outbox); --purge deletes it")
+    if real_root and _systemd_running():
+        _systemctl("daemon-reload")
