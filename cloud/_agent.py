@@ -103,9 +103,20 @@ class ObsNormalizer:
         if not self.enabled:
             return
         batch = x.reshape(-1, *self.mean.shape).astype(np.float64)
-        batch_mean, batch_var, batch_count = batch.mean(axis=0), batch.var(axis=0), float(batch.shape[0])
+        self.update_moments(batch.mean(axis=0), batch.var(axis=0), float(batch.shape[0]))
+
+    def update_moments(self, batch_mean: np.ndarray, batch_var: np.ndarray, batch_count: float) -> None:
+        """Fold a batch given by its mean, (population) variance and size into the statistics.
+
+        Learners that see only other processes' summaries (hybrid units) merge them through here, in a
+        fixed order, so every copy of the normaliser ends up with the same statistics.
+        """
+        if not self.enabled or batch_count <= 0:
+            return
         if self.count == 0.0:
-            self.mean, self.var, self.count = batch_mean, batch_var, batch_count
+            self.mean = np.array(batch_mean, dtype=np.float64)
+            self.var = np.array(batch_var, dtype=np.float64)
+            self.count = float(batch_count)
             return
         delta = batch_mean - self.mean
         total = self.count + batch_count

@@ -18,6 +18,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from cloud._sac import SACConfig
     from cloud._switcher import SwitchRules
     from cloud._switching import SwitchingConfig
+    from cloud.hybrid import HybridConfig
     from device import add_config_arguments
 
     demo = sub.add_parser(
@@ -63,6 +64,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "execution modes and live switching (SwitchingConfig): e.g. --modes colocated decoupled functions"),
         SwitchingConfig)
     add_config_arguments(train.add_argument_group("automatic switching rules (SwitchRules)"), SwitchRules)
+    add_config_arguments(train.add_argument_group(
+        "hybrid units (HybridConfig, --modes hybrid [UNIT_MODES...]): learner replicas in step through "
+        "torch.distributed; also runs under torchrun"), HybridConfig)
     train.set_defaults(func=_train)
 
     switch = sub.add_parser(
@@ -133,8 +137,12 @@ def _train(args: argparse.Namespace) -> int:
     from cloud._switcher import SwitchRules
     from cloud._switching import SwitchingConfig
     from cloud._train import train
+    from cloud.hybrid._cli import refuse_hybrid_flags, train_hybrid_from_args
     from device import config_from_args
 
+    if args.modes and args.modes[0] == "hybrid":
+        return train_hybrid_from_args(args)
+    refuse_hybrid_flags(args)
     if args.algo == "sac":
         return _train_sac(args)
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(PPOConfig) if getattr(args, f.name) is not None}
@@ -198,6 +206,9 @@ def _status(args: argparse.Namespace) -> int:
             ("env steps", f"{status.get('step', 0):,}"), ("steps/s", f"{status.get('env_steps_per_s', 0):,.0f}"),
             ("mean return (20)", status.get("mean_return")), ("policy version", status.get("policy_version")),
             ("active workers", status.get("workers")),
+            *[(f"unit {u['rank']}", f"node {u['node']} pid {u['pid']}: {u['steps']:,} steps, "
+               f"{u['env_steps_per_s']:,.0f} steps/s, {u['workers']} workers, {u['mode']}")
+              for u in status.get("units", [])],
             ("last switch", "none" if not last else f"{last['from_mode']} -> {last['to_mode']} at step "
              f"{last['at_step']:,} ({last['trigger']}: {last['reason']}), pause {last['pause_s'] * 1000:.0f} ms")]
     for name, value in rows:

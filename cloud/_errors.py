@@ -8,6 +8,7 @@
                ├── EnvWorkerError          an env raised inside a worker (carries env_index and the traceback)
                ├── WorkerFailedError       a worker process crashed or hung past its timeout
                └── InfoEncodingError       an env info value that cannot cross the pool's pickle-free info channel
+          └── HybridError                 hybrid units disagree or lost each other (cloud/hybrid/)
 
 Other cloud modules add their own subclasses of `CloudError` here. Messages name the call, the bad value
 and the fix.
@@ -64,3 +65,7 @@ class WorkerFailedError(ColocatedError):
 
 class InfoEncodingError(ColocatedError, TypeError):
     """An env returned an info value that cannot cross the pool's info channel (`cloud._infocodec`)."""
+
+
+class HybridError(CloudError):
+    """Hybrid learner units cannot go on together (different starting policies, a lost unit, a failed launch)."""

@@ -18,6 +18,7 @@ Torch is imported inside the functions, so the CLI can show `PPOConfig` in ``--h
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -256,8 +257,14 @@ def bootstrap_next_values(agent: Agent, normalizer: ObsNormalizer, batch: Rollou
 
 
 def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, normalizer: ObsNormalizer, batch: RolloutBatch,
-               config: PPOConfig, *, generator: np.random.Generator) -> dict[str, float]:
-    """Run one PPO update on `batch` (collected by the current policy); return namespaced loss metrics."""
+               config: PPOConfig, *, generator: np.random.Generator,
+               reduce_gradients: Callable[[], None] | None = None) -> dict[str, float]:
+    """Run one PPO update on `batch` (collected by the current policy); return namespaced loss metrics.
+
+    `reduce_gradients`, when given, runs after every backward pass and before gradient clipping: data-parallel
+    learners (`cloud.hybrid`) average the gradients of their replicas there, so every replica clips and steps
+    with the same gradient.
+    """
     import torch
 
     assert batch.values is not None and batch.logprobs is not None
@@ -298,6 +305,8 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, normalizer: ObsNo
 
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
+            if reduce_gradients is not None:
+                reduce_gradients()
             torch.nn.utils.clip_grad_norm_(agent.parameters(), config.max_grad_norm)
             optimizer.step()
         if config.target_kl is not None and float(approx_kl) > config.target_kl:

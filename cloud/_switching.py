@@ -88,8 +88,12 @@ class PolicyPublisher:
 
 def build_switcher(*, env_id: str, config: Any, switching: SwitchingConfig, rules: SwitchRules, run_dir: Path,
                    seed: int, agent: Any, normalizer: Any, publisher: PolicyPublisher | None,
-                   log: Callable[[str], None], first_version: int = 0) -> Switcher:
-    """A `Switcher` over the run's modes; `config` is the run's `PPOConfig`, `first_version` its current version."""
+                   log: Callable[[str], None], first_version: int = 0,
+                   colocated_workers: int | None = None) -> Switcher:
+    """A `Switcher` over the run's modes; `config` is the run's `PPOConfig`, `first_version` its current version.
+
+    `colocated_workers` fixes the worker processes of the ``colocated`` mode's pool (None: its own choice).
+    """
     from cloud._envs import VECTOR_ENV_MODES, make_vector_env
 
     modes = switching.modes or (config.env_mode,)
@@ -117,6 +121,11 @@ def build_switcher(*, env_id: str, config: Any, switching: SwitchingConfig, rule
 
                 return make_decoupled_vector_env(env_id, num_envs=config.num_envs, seed=mode_seed,
                                                  services=switching.env_services)
+            if mode == "colocated" and colocated_workers is not None:
+                from cloud._colocated import ColocatedConfig, build_colocated_vector_env
+
+                return build_colocated_vector_env(env_id, num_envs=config.num_envs, seed=mode_seed,
+                                                  config=ColocatedConfig(num_workers=colocated_workers))
             return make_vector_env(env_id, num_envs=config.num_envs, seed=mode_seed, mode=mode)
 
         def build(mode: str = mode, make_envs: Callable[[], Any] = make_envs) -> RolloutSource:

@@ -1,0 +1,88 @@
+"""Starting the units: under torchrun every process is one unit; otherwise torch's elastic launcher starts them.
+
+The local launcher is `torch.distributed.launcher.api.elastic_launch`, the API torchrun itself runs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from cloud._errors import HybridError
+from cloud.hybrid._config import DEFAULT_UNITS, UnitSpec, under_torchrun
+from cloud.hybrid._unit import HybridResult, run_unit
+from device import ConfigError
+
+UNIT_MODES = ("colocated", "sync", "decoupled")
+"""Rollout modes a unit can use (the fragment modes export a bundle per version, which units do not do yet)."""
+
+
+def check_spec(spec: UnitSpec) -> None:
+    """Refuse, with one line naming the fix, what every unit would refuse: do it once, before starting them."""
+    from cloud._checkpoint import latest_checkpoint
+    from cloud._envs import probe_spaces
+
+    modes = spec.switching.modes or ("colocated",)
+    unknown = [m for m in modes if m not in UNIT_MODES]
+    if unknown:
+        raise ConfigError(f"train --modes hybrid: units cannot use modes {unknown}; choose from {list(UNIT_MODES)} "
+                          "(e.g. --modes hybrid colocated decoupled)")
+    workers = spec.hybrid.workers_per_unit
+    if workers is not None and spec.config.num_envs % workers:
+        raise ConfigError(f"train --modes hybrid: --num-envs {spec.config.num_envs} (per unit) is not a multiple of "
+                          f"--workers-per-unit {workers}; give every worker the same number of envs")
+    probe_spaces(spec.env_id)
+    if not under_torchrun():
+        has_checkpoint = latest_checkpoint(spec.run_dir) is not None
+        if spec.resume and not has_checkpoint:
+            raise ConfigError(f"train: --resume given but run dir {str(spec.run_dir)!r} has no checkpoint; "
+                              "drop --resume to start a new run")
+        if has_checkpoint and not spec.resume:
+            raise ConfigError(f"train: run dir {str(spec.run_dir)!r} already has checkpoints; pass --resume to "
+                              "continue that run or choose another --run-dir")
+
+
+def train_hybrid(spec: UnitSpec) -> HybridResult:
+    """Train with hybrid units; return rank 0's result.
+
+    Under torchrun (``torchrun ... strata train --modes hybrid ...``) this process is one unit and the call
+    returns its own result once the group is done. Otherwise it starts ``spec.hybrid.units`` units on this
+    host (c10d rendezvous on 127.0.0.1) and restarts the whole group up to ``spec.hybrid.max_restarts`` times
+    after a unit fails, every restart resuming from the last checkpoint.
+
+    Raises:
+        ConfigError: A bad spec (checked here before any unit starts).
+        HybridError: A unit failed and no restart was left (the message names the unit and its error).
+    """
+    spec = spec.replace(switching=_unit_switching(spec))
+    check_spec(spec)
+    if under_torchrun():
+        return run_unit(spec)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    units = spec.hybrid.units or DEFAULT_UNITS
+    launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=units, run_id=f"strata-{uuid.uuid4().hex[:12]}",
+                          rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=spec.hybrid.max_restarts,
+                          monitor_interval=0.1, start_method="spawn")
+    try:
+        outputs: dict[int, Any] = elastic_launch(launch, run_unit)(spec.replace(hybrid=_fixed_units(spec, units)))
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        message = str(failure.message).strip().splitlines()
+        detail = message[0] if message else f"exit code {failure.exitcode}"
+        raise HybridError(f"train --modes hybrid: unit {rank} failed: {detail}") from None
+    result: HybridResult = outputs[0]
+    return result
+
+
+def _unit_switching(spec: UnitSpec) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(spec.switching, modes=spec.switching.modes or ("colocated",))
+
+
+def _fixed_units(spec: UnitSpec, units: int) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(spec.hybrid, units=units)
