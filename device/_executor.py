@@ -8,7 +8,17 @@ Load pipeline (all the work happens once, in the constructor):
    every node whose inputs are all constants (initializers, ``Constant``, ``Cast``/``DequantizeLinear``
    of quantized weights, shape arithmetic on static shapes) into a constant;
 3. emit one straight-line Python function for the remaining nodes, with weights pre-transposed, scales
-   pre-applied and per-node attributes resolved, and compile it.
+   pre-applied and per-node attributes resolved, and compile it. Each node's lines are kept as a `_Stmt`
+   with the closure names they read (what its builder bound plus its constant inputs), so the plan's
+   closure is the union of those sets: the generated text is never parsed back.
+
+NaN and inf follow onnxruntime where its answer is defined (Relu, Max/Min, Clip keep NaN; Clip without
+bounds maps +-inf to the float range, as onnxruntime's default bounds do). ArgMax/ArgMin/ReduceMax/
+ReduceMin of a slice holding NaN are not defined by onnxruntime (its result depends on where the NaN falls
+in its SIMD lanes: ArgMax of arange(8) is 4 with x[4] = NaN and 7 with x[3] = NaN), so here NaN propagates
+as in numpy and torch: the reduction is NaN, the arg-reduction the index of the first NaN. Element types
+numpy cannot represent exactly (bfloat16, float8, int4, string), Dropout in training mode and blocked
+DequantizeLinear are refused at load with the op and the reason.
 
 Why generated code: a policy of a dozen tiny numpy calls spends as much time dispatching between nodes
 as computing, and one flat function whose locals are the graph's values removes that dispatch (the
@@ -21,7 +31,6 @@ is kept in ``NumpyExecutor.source`` for inspection.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from device._bundle_errors import ModelError, UnsupportedOperatorError
-from device._onnx_proto import DTYPES, MAX_TENSOR_ELEMENTS, Model, Node, parse_model
+from device._onnx_proto import DTYPE_CODES, DTYPES, MAX_TENSOR_ELEMENTS, Model, Node, parse_model, type_name
 
 Array = np.ndarray
 F32 = np.dtype(np.float32)
@@ -54,7 +63,9 @@ class _Ctx:
     ins: list[_Val | None]
     outs: list[str]
     opset: int
-    bind: Callable[[Any], str]
+    binder: Callable[[Any], str]
+    bound: list[str] = field(default_factory=list)
+    """The closure names this node's builder bound: what its generated lines may read besides its inputs."""
     out_rank: list[int | None] = field(default_factory=list)
     out_dtype: list[np.dtype[Any] | None] = field(default_factory=list)
     alias: _Val | None = None
@@ -62,6 +73,12 @@ class _Ctx:
 
     def attr(self, name: str, default: Any) -> Any:
         return self.node.attrs.get(name, default)
+
+    def bind(self, obj: Any) -> str:
+        """Bind `obj` as a closure variable of the generated function; return its code name."""
+        name = self.binder(obj)
+        self.bound.append(name)
+        return name
 
     def inp(self, i: int) -> _Val:
         v = self.ins[i] if i < len(self.ins) else None
@@ -267,32 +284,34 @@ def _clip_ufunc() -> Callable[..., Array]:
 _CLIP_UFUNC = _clip_ufunc()
 
 
+def _bounds(dtype: np.dtype[Any]) -> tuple[Any, Any]:
+    """Onnxruntime's Clip defaults: the type's lowest and highest finite values (so Clip maps +-inf to them)."""
+    info: Any = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+    return dtype.type(info.min), dtype.type(info.max)
+
+
 @_op("Clip")
 def _clip(ctx: _Ctx) -> list[str]:
     a = ctx.inp(0)
     ctx.same(a)
     dtype = a.dtype or F32
+    if dtype.kind not in "fiu":
+        raise ctx.refuse(f"Clip of {dtype}")
+    low, high = _bounds(dtype)
     if ctx.opset < 11:
         lo: Any = ctx.node.attrs.get("min")
         hi: Any = ctx.node.attrs.get("max")
     else:
         lo_v, hi_v = ctx.opt(1), ctx.opt(2)
         if (lo_v is not None and lo_v.const is None) or (hi_v is not None and hi_v.const is None):
-            lo_c = lo_v.code if lo_v is not None else "None"
-            hi_c = hi_v.code if hi_v is not None else "None"
-            clip = ctx.bind(lambda x, lo, hi: np.clip(x, lo, hi).astype(x.dtype, copy=False))
+            lo_c = lo_v.code if lo_v is not None else ctx.bind(low)
+            hi_c = hi_v.code if hi_v is not None else ctx.bind(high)
+            clip = ctx.bind(lambda x, lo, hi: _CLIP_UFUNC(x, lo, hi).astype(x.dtype, copy=False))
             return [f"{ctx.outs[0]} = {clip}({a.code}, {lo_c}, {hi_c})"]
-        lo = None if lo_v is None or lo_v.const is None else lo_v.const.reshape(())
-        hi = None if hi_v is None or hi_v.const is None else hi_v.const.reshape(())
-    if lo is None and hi is None:
-        return [f"{ctx.outs[0]} = {a.code}.copy()"]
-    if dtype.kind == "f":
-        lo_s = ctx.bind(dtype.type(-np.inf if lo is None else lo))
-        hi_s = ctx.bind(dtype.type(np.inf if hi is None else hi))
-    else:
-        info = np.iinfo(dtype) if dtype.kind in "iu" else None
-        lo_s = ctx.bind(dtype.type(info.min if lo is None and info else lo))
-        hi_s = ctx.bind(dtype.type(info.max if hi is None and info else hi))
+        lo = None if lo_v is None else lo_v.const.reshape(())  # type: ignore[union-attr]
+        hi = None if hi_v is None else hi_v.const.reshape(())  # type: ignore[union-attr]
+    lo_s = ctx.bind(low if lo is None else dtype.type(lo))
+    hi_s = ctx.bind(high if hi is None else dtype.type(hi))
     # np.clip's Python wrapper costs ~2 us per call; the ufunc it wraps costs ~0.6 us.
     return [f"{ctx.outs[0]} = {ctx.bind(_CLIP_UFUNC)}({a.code}, {lo_s}, {hi_s})"]
 
@@ -416,6 +435,11 @@ def _reduce(ctx: _Ctx) -> list[str]:
     ax: tuple[int, ...] | None = None if axes is None else tuple(int(v) for v in axes)
 
     def run(x: Array) -> Array:
+        if x.size == 0 and op in ("ReduceMax", "ReduceMin"):  # onnxruntime: the type's lowest / highest value
+            low, high = _bounds(x.dtype) if x.dtype.kind in "fiu" else (False, True)
+            empty = (-np.inf if op == "ReduceMax" else np.inf) if x.dtype.kind == "f" else (
+                low if op == "ReduceMax" else high)
+            return np.asarray(fn(x, axis=ax, keepdims=keepdims, initial=empty)).astype(x.dtype, copy=False)
         return np.asarray(fn(x, axis=ax, keepdims=keepdims)).astype(x.dtype, copy=False)
 
     ctx.out_dtype = [a.dtype]
@@ -449,14 +473,22 @@ def _batch_norm(ctx: _Ctx) -> list[str]:
     a = ctx.inp(0)
     if int(ctx.attr("training_mode", 0)) or len(ctx.outs) > 1:
         raise ctx.refuse("training mode")
-    consts = [ctx.const_input(i, name) for i, name in enumerate(("scale", "bias", "mean", "var"), start=1)]
-    if any(c is None for c in consts):
-        raise ctx.refuse("omitted scale, bias, mean or var")
-    s, b, m, v = (c for c in consts if c is not None)
+    params = [ctx.inp(i) for i in range(1, 5)]
     eps = float(ctx.attr("epsilon", 1e-5))
+    ctx.same(a)
+    if any(p.const is None for p in params):  # parameters computed at run time: normalise per call
+
+        def run(x: Array, s: Array, b: Array, m: Array, v: Array) -> Array:
+            shape = (1, -1) + (1,) * (x.ndim - 2)
+            t = x.dtype.type
+            out: Array = ((x - m.reshape(shape)) / np.sqrt(v.reshape(shape) + t(eps)) * s.reshape(shape)
+                          + b.reshape(shape))
+            return out
+
+        return [f"{ctx.outs[0]} = {ctx.bind(run)}({a.code}, {', '.join(p.code for p in params)})"]
+    s, b, m, v = (p.const for p in params if p.const is not None)
     mul = (s / np.sqrt(v + eps)).astype(s.dtype)
     add = (b - m * mul).astype(s.dtype)
-    ctx.same(a)
     rank = a.rank or 2
     shape = (1, -1) + (1,) * (rank - 2)
     return [f"{ctx.outs[0]} = {ctx.bind(mul.reshape(shape))} * {a.code} + {ctx.bind(add.reshape(shape))}"]
@@ -485,9 +517,8 @@ def _reshape(ctx: _Ctx) -> list[str]:
         if not allowzero and 0 in dims:
             zeros = [i for i, d in enumerate(dims) if d == 0]
             if zeros == list(range(len(zeros))):  # leading zeros: copy the leading (batch) dims
-                tail = ", ".join(str(d) for d in dims[len(zeros):])
                 lead = " + ".join(f"({a.code}.shape[{i}],)" for i in zeros)
-                return [f"{ctx.outs[0]} = {a.code}.reshape({lead} + ({tail},))"]
+                return [f"{ctx.outs[0]} = {a.code}.reshape({lead} + {tuple(dims[len(zeros):])!r})"]
             return [f"{ctx.outs[0]} = {ctx.bind(_reshape_fn(False))}({a.code}, {shape.code})"]
         return [f"{ctx.outs[0]} = {a.code}.reshape({tuple(dims)!r})"]
     return [f"{ctx.outs[0]} = {ctx.bind(_reshape_fn(allowzero))}({a.code}, {shape.code})"]
@@ -511,6 +542,12 @@ def _flatten(ctx: _Ctx) -> list[str]:
 def _identity(ctx: _Ctx) -> list[str]:
     a = ctx.inp(0)
     ctx.same(a)
+    if ctx.node.op_type == "Dropout" and ctx.opset >= 12:
+        training = ctx.opt(2)
+        if training is not None and (training.const is None or bool(training.const.reshape(-1)[0])):
+            # In training mode Dropout draws a random mask: no two runtimes agree, so nothing to match.
+            raise ctx.refuse("training_mode=True (a random mask)" if training.const is not None
+                             else "training_mode computed at run time (it may switch on a random mask)")
     if len(ctx.node.outputs) > 1 and ctx.node.outputs[1]:  # Dropout's mask: all kept at inference
         return [f"{ctx.outs[0]} = {a.code}", f"{ctx.outs[1]} = np.ones({a.code}.shape, dtype=bool)"]
     ctx.alias = a
@@ -588,6 +625,17 @@ def _transpose(ctx: _Ctx) -> list[str]:
     return [f"{ctx.outs[0]} = np.transpose({a.code}{', ' + axes if axes else ''})"]
 
 
+def _onnx_slice(start: int, end: int, step: int, dim: int) -> slice:
+    """ONNX Slice's clamping (negative indices count from the end, then clamp to the axis) as a Python slice."""
+    if step == 0:
+        raise ValueError("Slice step 0")
+    start, end = start + dim if start < 0 else start, end + dim if end < 0 else end
+    if step > 0:
+        return slice(min(max(start, 0), dim), min(max(end, 0), dim), step)
+    start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+    return slice(start, None if end < 0 else end, step)
+
+
 def _slice_fn(ctx: _Ctx) -> Callable[..., Array]:
     if ctx.opset < 10:
         starts, ends = ctx.node.attrs.get("starts", []), ctx.node.attrs.get("ends", [])
@@ -608,7 +656,7 @@ def _slice_fn(ctx: _Ctx) -> Callable[..., Array]:
         sp = [1] * len(st) if steps is None else [int(v) for v in steps.ravel()]
         index = [slice(None)] * x.ndim
         for s, e, a, p in zip(st, en, ax, sp, strict=True):
-            index[a] = slice(s, None if (p < 0 and e < -x.shape[a]) else e, p)
+            index[a] = _onnx_slice(s, e, p, x.shape[a])
         return x[tuple(index)]
     return run
 
@@ -650,7 +698,7 @@ def _cast(ctx: _Ctx) -> list[str]:
     a = ctx.inp(0)
     to = DTYPES.get(int(ctx.attr("to", 0)))
     if to is None:
-        raise ctx.refuse(f"cast to ONNX type {ctx.attr('to', 0)}")
+        raise ctx.refuse(f"Cast to element type {type_name(int(ctx.attr('to', 0)))}")
     ctx.out_rank, ctx.out_dtype = [a.rank], [to]
     return [f"{ctx.outs[0]} = {a.code}.astype({ctx.bind(to.newbyteorder('='))})"]
 
@@ -700,6 +748,15 @@ def _range(ctx: _Ctx) -> list[str]:
 def _dequantize(ctx: _Ctx) -> list[str]:
     x, scale, zero = ctx.inp(0), ctx.inp(1), ctx.opt(2)
     axis = int(ctx.attr("axis", 1))
+    if int(ctx.attr("block_size", 0)):
+        raise ctx.refuse(f"blocked quantisation (block_size={ctx.attr('block_size', 0)})")
+    out_type = int(ctx.attr("output_dtype", 0))
+    if out_type and DTYPES.get(out_type) != scale.dtype:
+        raise ctx.refuse(f"output_dtype {type_name(out_type)} other than the scale's type")
+    if x.dtype is not None and x.dtype.kind not in "iu":
+        raise ctx.refuse(f"quantized input of type {x.dtype}")
+    if scale.dtype is not None and scale.dtype.kind != "f":
+        raise ctx.refuse(f"scale of type {scale.dtype}")
     ctx.out_rank, ctx.out_dtype = [x.rank], [scale.dtype or F32]
 
     def run(q: Array, s: Array, z: Array | None) -> Array:
@@ -716,6 +773,31 @@ def _dequantize(ctx: _Ctx) -> list[str]:
 
 
 # --- the executor --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Stmt:
+    """The generated lines of one node and every closure name they read (known when built, never parsed back)."""
+
+    lines: tuple[str, ...]
+    uses: frozenset[str]
+
+
+def _closure(stmts: list[_Stmt], results: list[_Val]) -> list[str]:
+    """The closure names the plan reads, in binding order: its statements' and its constant results'."""
+    used = set().union(*(s.uses for s in stmts), (v.code for v in results if v.const is not None))
+    return sorted(used, key=lambda name: int(name[1:]))
+
+
+def _render(params: list[str], stmts: list[_Stmt], results: list[_Val], closure: list[str], act_index: int) -> str:
+    """The plan's source: ``_make(np, *closure)`` returning ``_run`` (all outputs) and ``_act`` (one)."""
+    body = "".join(f"        {line}\n" for s in stmts for line in s.lines) or "        pass\n"
+    outs = [f"{v.code}.copy()" if v.const is not None else v.code for v in results]
+    args = ", ".join(params)
+    return (f"def _make({', '.join(['np', *closure])}):\n"
+            f"    def _run({args}):\n{body}        return ({''.join(o + ', ' for o in outs)})\n"
+            f"    def _act({args}):\n{body}        return {outs[act_index]}\n"
+            "    return _run, _act\n")
 
 
 class NumpyExecutor:
@@ -738,12 +820,19 @@ class NumpyExecutor:
         inits = graph.initializers
         inputs = [vi for vi in graph.inputs if vi.name not in inits]
         if not inputs:
-            raise ModelError("NumpyExecutor: the graph has no runtime inputs")
+            raise UnsupportedOperatorError("NumpyExecutor: the graph has no runtime inputs; a policy reads an "
+                                           "observation")
         self.input_names: tuple[str, ...] = tuple(vi.name for vi in inputs)
         """Graph input names, in order."""
         self.output_names: tuple[str, ...] = tuple(vi.name for vi in graph.outputs)
         """Graph output names, in order."""
-        self._input_dtypes = [DTYPES.get(vi.elem_type, F32).newbyteorder("=") for vi in inputs]
+        for vi in [*inputs, *graph.outputs]:
+            if vi.elem_type not in DTYPES and (vi in inputs or vi.elem_type != 0):  # an output may leave it open
+                raise UnsupportedOperatorError(
+                    f"NumpyExecutor: graph {'input' if vi in inputs else 'output'} {vi.name!r} has element type "
+                    f"{type_name(vi.elem_type)}, which numpy cannot compute exactly; the device executor runs "
+                    f"{sorted(DTYPE_CODES)}")
+        self._input_dtypes = [DTYPES[vi.elem_type].newbyteorder("=") for vi in inputs]
         self._input_tails: list[tuple[int, ...] | None] = [
             tuple(d for d in vi.shape[1:] if isinstance(d, int))
             if vi.shape and all(isinstance(d, int) for d in vi.shape[1:]) else None for vi in inputs]
@@ -764,7 +853,7 @@ class NumpyExecutor:
             params.append(f"i{i}")
             values[vi.name] = _Val(f"i{i}", None, self._input_ranks[i], self._input_dtypes[i])
 
-        lines: list[str] = []
+        stmts: list[_Stmt] = []
         counter = 0
         for node in graph.nodes:
             ins: list[_Val | None] = []
@@ -780,7 +869,7 @@ class NumpyExecutor:
             for _ in node.outputs:
                 outs.append(f"v{counter}")
                 counter += 1
-            ctx = _Ctx(node=node, ins=ins, outs=outs, opset=opset, bind=bind)
+            ctx = _Ctx(node=node, ins=ins, outs=outs, opset=opset, binder=bind)
             try:
                 code = _OPS[node.op_type](ctx)
             except (TypeError, ValueError, IndexError, KeyError, AttributeError, ArithmeticError) as exc:
@@ -791,11 +880,15 @@ class NumpyExecutor:
             if ctx.alias is not None:
                 values[node.outputs[0]] = ctx.alias
                 continue
+            # What the node's lines read from the closure: names its builder bound, and constant inputs.
+            stmt = _Stmt(tuple(code), frozenset(ctx.bound) | {v.code for v in ins if v is not None and
+                                                              v.const is not None})
             foldable = all(v is None or v.const is not None for v in ins)
             if foldable:
-                scope = {**namespace, "np": np, **{v.code: v.const for v in ins if v is not None}}
+                scope = {"np": np, **{name: namespace[name] for name in stmt.uses}}
                 try:
-                    exec("\n".join(code), scope)  # strata-generated code: see the module docstring
+                    with np.errstate(all="ignore"):  # constant NaN/inf fold as they would run, silently
+                        exec("\n".join(stmt.lines), scope)  # strata-generated code: see the module docstring
                 except (ValueError, TypeError, IndexError, ArithmeticError) as exc:
                     raise ModelError(f"NumpyExecutor: {node.op_type} node {node.name!r} fails on its constant "
                                      f"inputs: {exc}") from exc
@@ -810,30 +903,21 @@ class NumpyExecutor:
                     dtype = ctx.out_dtype[j] if j < len(ctx.out_dtype) else None
                     values[name] = _Val(code_name, None, rank, dtype)
             if not foldable:
-                lines += code
+                stmts.append(stmt)
 
-        results = []
+        results: list[_Val] = []
         for vi in graph.outputs:
             if vi.name not in values:
                 raise ModelError(f"NumpyExecutor: graph output {vi.name!r} is never produced")
-            v = values[vi.name]
-            results.append(f"{v.code}.copy()" if v.const is not None else v.code)
-        body = "\n".join("        " + line for line in lines) or "        pass"
-        used = set(re.findall(r"\bk\d+\b", body + " ".join(results)))
-        closure = {name: obj for name, obj in namespace.items() if name in used}
+            results.append(values[vi.name])
         act_index = self.output_names.index("action") if "action" in self.output_names else 0
-        args = ", ".join(params)
-        self.source: str = (
-            f"def _make({', '.join(['np', *closure])}):\n"
-            f"    def _run({args}):\n{body}\n        return ({''.join(r + ', ' for r in results)})\n"
-            f"    def _act({args}):\n{body}\n        return {results[act_index]}\n"
-            "    return _run, _act\n"
-        )
+        closure = _closure(stmts, results)
+        self.source: str = _render(params, stmts, results, closure, act_index)
         """The generated Python source of the plan (for inspection)."""
         plan_scope: dict[str, Any] = {}
         exec(compile(self.source, "<strata NumpyExecutor plan>", "exec"), plan_scope)  # see the module docstring
-        self._run, self._act = plan_scope["_make"](np, *closure.values())
-        self.num_steps: int = len(lines)
+        self._run, self._act = plan_scope["_make"](np, *(namespace[name] for name in closure))
+        self.num_steps: int = sum(len(s.lines) for s in stmts)
         """Lines of generated code per call (after constant folding)."""
         self._single_rank = None if self._input_ranks[0] is None else self._input_ranks[0] - 1
 

@@ -19,7 +19,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from device._bundle_errors import ModelError
+from device._bundle_errors import ModelError, UnsupportedOperatorError
 
 # Wire types.
 VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
@@ -32,6 +32,15 @@ DTYPES: dict[int, np.dtype[Any]] = {
     12: np.dtype("<u4"), 13: np.dtype("<u8"),
 }
 DTYPE_CODES: dict[str, int] = {dt.name: code for code, dt in DTYPES.items()}
+# The element types numpy has no exact dtype for, by name, for the refusals.
+OTHER_TYPES: dict[int, str] = {0: "UNDEFINED", 8: "STRING", 14: "COMPLEX64", 15: "COMPLEX128", 16: "BFLOAT16",
+                               17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ", 19: "FLOAT8E5M2", 20: "FLOAT8E5M2FNUZ",
+                               21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1", 24: "FLOAT8E8M0", 25: "UINT2", 26: "INT2"}
+
+
+def type_name(code: int) -> str:
+    """An ONNX element type code's name: ``float32`` for the numeric ones, ``BFLOAT16`` etc. for the others."""
+    return DTYPES[code].name if code in DTYPES else OTHER_TYPES.get(code, f"type code {code}")
 MAX_TENSOR_ELEMENTS = 1 << 26
 
 Field: TypeAlias = tuple[int, int, Any]  # (field number, wire type, int | bytes)
@@ -155,13 +164,17 @@ def parse_tensor(buf: bytes) -> tuple[str, np.ndarray]:
             typed += _fixed(wire, value, number, "d")
         elif number == 14:
             external = _varints(wire, value, number)[-1] == 1
-        elif number in (6, 13):
-            raise _err(f"tensor {name!r} uses string or external data, which the device executor cannot load")
+        elif number == 6:
+            data_type = 8  # string_data: a STRING tensor, refused below by its type
+        elif number == 13:
+            raise _err(f"tensor {name!r} uses external data, which the device executor cannot load")
     if external:
         raise _err(f"tensor {name!r} keeps its data in an external file; export with external_data=False")
     dtype = DTYPES.get(data_type)
     if dtype is None:
-        raise _err(f"tensor {name!r} has data type {data_type}, which is not a numeric type numpy supports")
+        raise UnsupportedOperatorError(
+            f"NumpyExecutor: tensor {name!r} has element type {type_name(data_type)}, which numpy cannot represent "
+            f"exactly; the device executor runs {sorted(DTYPE_CODES)}")
     if any(d < 0 for d in dims):
         raise _err(f"tensor {name!r} has negative dims {dims}")
     count = 1
