@@ -12,6 +12,7 @@ construct Python objects. Decoding copies nothing: arrays are read-only views of
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 from collections.abc import Mapping
@@ -26,6 +27,8 @@ VERSION = 1
 _PREFIX = struct.Struct("<4sBI")
 _ALLOWED_KINDS = frozenset("biuf")  # bool, signed, unsigned, float: no objects, strings or voids
 MAX_HEADER_BYTES = 1 << 20
+MAX_NDIM = 32
+MAX_ARRAYS = 256
 # np.dtype() parses arbitrary strings (even Python literals); only ever hand it these.
 _DTYPE_RE = re.compile(r"[<>|=]?[biuf][1248]")
 
@@ -71,8 +74,10 @@ def unpack_arrays(data: bytes | bytearray | memoryview) -> tuple[dict[str, Any],
         specs = header["arrays"]
         if not isinstance(meta, dict) or not isinstance(specs, dict):
             raise TypeError("meta and arrays must be objects")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise WireError(f"unpack_arrays: header is not valid JSON of the expected shape: {exc}") from exc
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise WireError(f"unpack_arrays: header is not valid JSON of the expected shape: {exc}") from None
+    if len(specs) > MAX_ARRAYS:
+        raise WireError(f"unpack_arrays: {len(specs)} arrays exceed the limit of {MAX_ARRAYS}")
     body = view[_PREFIX.size + hlen :]
     arrays: dict[str, np.ndarray] = {}
     for name, spec in specs.items():
@@ -80,16 +85,26 @@ def unpack_arrays(data: bytes | bytearray | memoryview) -> tuple[dict[str, Any],
             if not isinstance(spec["dtype"], str) or not _DTYPE_RE.fullmatch(spec["dtype"]):
                 raise ValueError(f"dtype {spec['dtype']!r} is not a plain numeric dtype string")
             dtype = np.dtype(spec["dtype"])
-            shape = tuple(int(d) for d in spec["shape"])
-            offset = int(spec["offset"])
+            raw_shape, offset = spec["shape"], spec["offset"]
+            if not isinstance(raw_shape, list) or len(raw_shape) > MAX_NDIM or not all(
+                    _is_index(d) for d in raw_shape) or not _is_index(offset):
+                raise ValueError(f"shape must be a list of at most {MAX_NDIM} ints >= 0 and offset an int >= 0")
+            shape = tuple(raw_shape)
         except (KeyError, TypeError, ValueError) as exc:
-            raise WireError(f"unpack_arrays: array {name!r} has a malformed spec {spec!r}") from exc
-        if dtype.kind not in _ALLOWED_KINDS or any(d < 0 for d in shape) or offset < 0:
-            raise WireError(f"unpack_arrays: array {name!r} has a refused spec {spec!r}")
-        nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            raise WireError(f"unpack_arrays: array {name!r} has a malformed spec {str(spec)[:200]}: {exc}") from None
+        if dtype.kind not in _ALLOWED_KINDS:
+            raise WireError(f"unpack_arrays: array {name!r} has a refused dtype {dtype}")
+        nbytes = dtype.itemsize * math.prod(shape)  # Python ints: a huge shape cannot overflow into a small size
         if offset + nbytes > len(body):
             raise WireError(f"unpack_arrays: array {name!r} needs bytes up to {offset + nbytes}, have {len(body)}")
-        arrays[name] = np.frombuffer(body, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset).reshape(
-            shape
-        )
+        try:
+            arrays[name] = np.frombuffer(body, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset).reshape(
+                shape
+            )
+        except ValueError as exc:  # a zero-size array with a dimension numpy cannot index
+            raise WireError(f"unpack_arrays: array {name!r} has a shape numpy refuses {shape}: {exc}") from None
     return meta, arrays
+
+
+def _is_index(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**62

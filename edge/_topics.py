@@ -49,6 +49,10 @@ CHUNK_BYTES = 96 * 1024
 MAX_JSON_PAYLOAD = 64 * 1024
 """Control, status, telemetry and announcement messages are refused above this size."""
 MAX_CHUNKS = 1024
+MAX_JSON_DEPTH = 8
+"""Nesting depth of objects and lists a JSON payload may have (strata's own payloads need 2)."""
+MAX_INT = 2**63 - 1
+"""Integers in payloads are 64-bit: a bigger one is refused (float() of a 400-digit integer overflows)."""
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -137,11 +141,31 @@ def _decode_json(topic: str, payload: bytes, kind: str) -> dict[str, Any]:
         obj = json.loads(payload)
     except (UnicodeDecodeError, ValueError) as exc:
         raise PayloadError(topic, f"{kind} is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise PayloadError(topic, f"{kind} nests deeper than {MAX_JSON_DEPTH} levels") from None
+    if json_depth(obj) > MAX_JSON_DEPTH:
+        raise PayloadError(topic, f"{kind} nests deeper than {MAX_JSON_DEPTH} levels")
     if not isinstance(obj, dict):
         raise PayloadError(topic, f"{kind} must be a JSON object, got {type(obj).__name__}")
     if obj.get("kind") != kind:
         raise PayloadError(topic, f"expected kind {kind!r}, got {obj.get('kind')!r}")
     return obj
+
+
+def json_depth(obj: Any) -> int:
+    """Nesting depth of a parsed JSON value (a scalar is 0, ``[]`` is 1), computed without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(obj, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            depth += 1
+            deepest = max(deepest, depth)
+            if depth <= MAX_JSON_DEPTH:  # deeper ones are refused anyway: stop walking
+                stack.extend((v, depth) for v in value if isinstance(v, dict | list))
+    return deepest
 
 
 def _field(topic: str, obj: Mapping[str, Any], name: str, types: type | tuple[type, ...], *,
@@ -157,6 +181,8 @@ def _field(topic: str, obj: Mapping[str, Any], name: str, types: type | tuple[ty
         raise PayloadError(topic, f"field {name!r} must be {types}, got {type(value).__name__}")
     if isinstance(value, float) and not math.isfinite(value):
         raise PayloadError(topic, f"field {name!r} must be finite, got {value}")
+    if isinstance(value, int) and not isinstance(value, bool) and not -MAX_INT <= value <= MAX_INT:
+        raise PayloadError(topic, f"field {name!r} must fit in 64 bits, got {value}")
     return value
 
 
@@ -389,6 +415,14 @@ class NodeStatus:
                    last_record_id=_field(topic, obj, "last_record_id", int, optional=True))
 
 
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and -MAX_INT <= x <= MAX_INT
+
+
+def _is_number(x: object) -> bool:
+    return _is_int(x) or (isinstance(x, float) and math.isfinite(x))
+
+
 def _opt_float(topic: str, obj: Mapping[str, Any], name: str) -> float | None:
     value = _field(topic, obj, name, (int, float), optional=True)
     return None if value is None else float(value)
@@ -428,10 +462,9 @@ class Telemetry:
         returns = _field(topic, obj, "episode_returns", list)
         lengths = _field(topic, obj, "episode_lengths", list)
         by_version = _field(topic, obj, "decisions_by_version", dict)
-        if not all(isinstance(r, int | float) and not isinstance(r, bool) for r in returns) or not all(
-                isinstance(n, int) and not isinstance(n, bool) for n in lengths):
-            raise PayloadError(topic, "episode_returns must be numbers and episode_lengths integers")
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in by_version.values()):
+        if not all(_is_number(r) for r in returns) or not all(_is_int(n) for n in lengths):
+            raise PayloadError(topic, "episode_returns must be finite numbers and episode_lengths 64-bit integers")
+        if not all(_is_int(v) for v in by_version.values()):
             raise PayloadError(topic, "decisions_by_version values must be integers")
         age = _field(topic, obj, "policy_age_s", (int, float), optional=True)
         p50 = _field(topic, obj, "latency_p50_us", (int, float), optional=True)

@@ -99,3 +99,29 @@ def test_edge_run_with_refused_credentials_exits_nonzero_after_its_retry_budget(
                     str(files.credentials["n1"]), "--duration", "0.5", "--json")
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout.strip().splitlines()[-1])["version"] is None
+
+
+def test_deep_json_on_network_topics_never_reaches_a_user_as_a_traceback(
+        tmp_path: Path, mosquitto: Mosquitto, pub: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from edge import FleetTopics, MqttLink, NodeStatus
+    from edge._mqtt import LinkConfig
+    from tests.edge._agents import agent_config, running_agents, wait_until
+
+    fleet = "deep"
+    t = FleetTopics(fleet)
+    deep = b'{"kind":"status","node":' + b"[" * 30_000 + b"]" * 30_000 + b"}"
+    with MqttLink(LinkConfig(broker=mosquitto.url, client_id="evil")) as evil:
+        assert evil.wait_connected(60)
+        good = NodeStatus(node="n2", online=True, updated_at=1.0).encode()
+        evil.publish(t.node("n2", "status"), good, retain=True)
+        result = evil.publish(t.node("n1", "status"), deep[:60_000] + b"}", retain=True)
+        with running_agents([agent_config(tmp_path, "n3", pub, mosquitto.url, fleet=fleet)]) as (agent,):
+            wait_until(lambda: agent.link is not None and agent.link.connected, what="agent connected", timeout=60)
+            for topic in (t.announce, t.control, t.node("n3", "control")):
+                evil.publish(topic, deep[:60_000])
+            wait_until(lambda: agent.counters.malformed >= 3, what="three malformed messages", timeout=60)
+        assert result.accepted
+    assert not [r for r in caplog.records if r.exc_info], "a decoder let a non-wire error through"
+    fleet_view = run_strata("fleet", "--broker", mosquitto.url, "--fleet", fleet, "--wait", "0.5", "--json")
+    assert fleet_view.returncode == 0 and "Traceback" not in fleet_view.stderr, fleet_view.stderr
+    assert [v["node"] for v in json.loads(fleet_view.stdout)] == ["n2", "n3"]
