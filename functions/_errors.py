@@ -4,6 +4,7 @@
      └── FunctionsError
           ├── EventError (also ValueError)   a function event failed validation (names the field and the fix)
           ├── SimulationError                 the env could not be made or stepped as the event asked
+          ├── NoEnvCodecError                 an env layer has no env-state codec, so its episodes cannot be carried
           └── RuntimeConfigError (ValueError) a bad `strata functions serve` setting (function spec, fault rate)
 
 Messages name the call, the bad value and the fix.
@@ -30,6 +31,10 @@ class EventError(FunctionsError, ValueError):
 
 class SimulationError(FunctionsError):
     """The environment named by the event could not be created or stepped."""
+
+
+class NoEnvCodecError(FunctionsError):
+    """An env (one of its wrapper layers) has no env-state codec; register one with `register_env_codec`."""
 
 
 class RuntimeConfigError(FunctionsError, ValueError):

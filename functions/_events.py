@@ -23,6 +23,10 @@ Rollout event (JSON object; ``?`` marks optional fields)::
                                                seeded by the streams' seeds so a redelivery repeats itself
      "source"?: "functions",                   transition id source name
      "stream_base"?: 0,                        env stream i is worker id stream_base + i
+     "seq_base"?: 0,                           seq of every stream's first transition (a continued stream counts on)
+     "carry"?: [null | "<base64>", ...],       per env stream: the running episode to continue (a carry an earlier
+                                               invocation returned), or null to reset with the stream's seed;
+                                               sending the field (even all nulls) asks for the carries back
      "result"?: {"s3_bucket"?: "b", "s3_prefix"?: "rollouts/", "mode"?: "auto" | "inline" | "s3"}}
 
 Result (one JSON object)::
@@ -31,7 +35,15 @@ Result (one JSON object)::
      "transitions": N*T, "episodes": k, "episode_returns": [...], "duration_s": 0.01,
      "encoding": "strata.rollout_batch.v1+base64",
      "fragments": ["<RolloutBatch.to_bytes() base64>", ...]                       inline, or
-     "fragment_refs": [{"bucket": "b", "key": "rollouts/r-0001/000000.bin"}, ...]}  when over 6 MB
+     "fragment_refs": [{"bucket": "b", "key": "rollouts/r-0001/000000.bin"}, ...],  when over 6 MB
+     "carry"?: [null | "<base64>", ...],       when asked: each stream's running episode at the end (null: the
+                                               env has no env-state codec, see functions._envstate)
+     "carry_note"?: "..."}                     why carries are null (one line: how to register a codec)
+
+A carry (`functions._envstate.encode_carry`) is a raw-array message: the env's state layer by layer
+(arrays + JSON scalars, never pickle), the stream's next observation and its running episode return
+and length. It always travels inline: it counts against the 6 MB limits of the event and of the result
+(a result over the limit sends its fragments to S3 and keeps the carries).
 
     {"ok": false, "rollout_id": ... | null, "error": {"type": "EventError", "field": "steps",
      "message": "...", "fix": "..."}}
@@ -163,6 +175,10 @@ class RolloutRequest:
     """Source name in every transition id."""
     stream_base: int = 0
     """Worker id of env stream 0; stream i is ``stream_base + i``."""
+    seq_base: int = 0
+    """``seq`` of every stream's first transition in this rollout."""
+    carry: tuple[bytes | None, ...] | None = None
+    """Per env stream, an encoded carry to continue from (None: reset); None: no carries asked for."""
     result: ResultSink = field(default_factory=ResultSink)
     """Where large results go."""
 
@@ -182,7 +198,35 @@ class RolloutRequest:
             event["fragment_length"] = self.fragment_length
         if self.result.s3_bucket is not None:
             event["result"]["s3_bucket"] = self.result.s3_bucket
+        if self.seq_base:
+            event["seq_base"] = self.seq_base
+        if self.carry is not None:
+            event["carry"] = encode_carries(self.carry)
         return event
+
+
+def encode_carries(carries: tuple[bytes | None, ...]) -> list[str | None]:
+    """The JSON form of per-stream carries (base64, null for none)."""
+    return [None if c is None else base64.b64encode(c).decode("ascii") for c in carries]
+
+
+def _decode_carries(value: object, where: str, count: int | None) -> tuple[bytes | None, ...]:
+    fix = "send, per env stream, null or the carry string an earlier invocation for that stream returned"
+    if not isinstance(value, list) or (count is not None and len(value) != count):
+        raise EventError(where, f"must be a list of {'num_envs=' + str(count) if count else 'per-stream'} entries, "
+                         f"got {str(value)[:80]!r}", fix)
+    out: list[bytes | None] = []
+    for i, item in enumerate(value):
+        if item is None:
+            out.append(None)
+            continue
+        if not isinstance(item, str):
+            raise EventError(f"{where}[{i}]", f"must be null or a base64 string, got {type(item).__name__}", fix)
+        try:
+            out.append(base64.b64decode(item, validate=True))
+        except binascii.Error as exc:
+            raise EventError(f"{where}[{i}]", f"is not valid base64 ({exc})", fix) from exc
+    return tuple(out)
 
 
 def policy_to_json(policy: PolicyRef) -> JSONDict:
@@ -224,6 +268,10 @@ class RolloutResult:
     """`device.RolloutBatch.to_bytes()` of each fragment (empty when `fragment_refs` is used)."""
     fragment_refs: tuple[S3Object, ...] = ()
     """Where the fragments are when the result went to S3."""
+    carry: tuple[bytes | None, ...] | None = None
+    """Each stream's running episode at the end (None entries: no codec); None when not asked for."""
+    carry_note: str | None = None
+    """Why the carries are None (the env has no env-state codec)."""
 
     def to_dict(self) -> JSONDict:
         """The JSON result."""
@@ -236,6 +284,10 @@ class RolloutResult:
             out["fragment_refs"] = [{"bucket": r.bucket, "key": r.key} for r in self.fragment_refs]
         else:
             out["fragments"] = [base64.b64encode(f).decode("ascii") for f in self.fragments]
+        if self.carry is not None:
+            out["carry"] = encode_carries(self.carry)
+        if self.carry_note is not None:
+            out["carry_note"] = self.carry_note
         return out
 
 
@@ -272,7 +324,7 @@ class ErrorResult:
 # ---- validation ---------------------------------------------------------------------------------------------
 
 _TOP_LEVEL = {"kind", "rollout_id", "env", "num_envs", "seed", "seeds", "steps", "episodes", "max_steps",
-              "fragment_length", "policy", "actions", "source", "stream_base", "result"}
+              "fragment_length", "policy", "actions", "source", "stream_base", "seq_base", "carry", "result"}
 
 
 def _int(event: Mapping[str, Any], name: str, *, low: int, high: int, default: int | None = None,
@@ -414,11 +466,13 @@ def parse_rollout_event(event: object) -> RolloutRequest:
     source = _str(event, "source", path="source", max_len=64, required=False,
                   fix="send a short source name or leave it out") or "functions"
     stream_base = _int(event, "stream_base", low=0, high=2**62, default=0)
+    seq_base = _int(event, "seq_base", low=0, high=2**62, default=0)
+    carry = None if event.get("carry") is None else _decode_carries(event["carry"], "carry", num_envs)
     actions = event.get("actions", "greedy")
     if actions not in ("greedy", "sample"):
         raise EventError("actions", f"must be 'greedy' or 'sample', got {actions!r}",
                          "send 'sample' for on-policy training data, 'greedy' (the default) to evaluate")
-    assert max_steps is not None and stream_base is not None
+    assert max_steps is not None and stream_base is not None and seq_base is not None
     if steps is not None and math.prod((steps, num_envs)) > MAX_STEPS * 16:
         raise EventError("steps", f"steps * num_envs = {steps * num_envs} is over {MAX_STEPS * 16}",
                          "split the rollout over more invocations")
@@ -428,8 +482,8 @@ def parse_rollout_event(event: object) -> RolloutRequest:
     return RolloutRequest(rollout_id=rollout_id, env=EnvSpec(id=env_id, kwargs=dict(kwargs)),
                           policy=_policy(event), num_envs=num_envs, seeds=_seeds(event, num_envs), steps=steps,
                           episodes=episodes, max_steps=max_steps, fragment_length=fragment_length, source=source,
-                          actions=actions,
-                          stream_base=stream_base, result=_result_sink(event))
+                          actions=actions, stream_base=stream_base, seq_base=seq_base, carry=carry,
+                          result=_result_sink(event))
 
 
 def parse_result(payload: object) -> RolloutResult | ErrorResult:
@@ -450,12 +504,15 @@ def parse_result(payload: object) -> RolloutResult | ErrorResult:
             raise ValueError(f"encoding {payload.get('encoding')!r} is not {ENCODING!r}")
         fragments = tuple(base64.b64decode(f, validate=True) for f in payload.get("fragments", ()))
         refs = tuple(S3Object(bucket=str(r["bucket"]), key=str(r["key"])) for r in payload.get("fragment_refs", ()))
+        carry = None if payload.get("carry") is None else _decode_carries(payload["carry"], "<result>.carry", None)
+        note = payload.get("carry_note")
         return RolloutResult(rollout_id=str(payload["rollout_id"]), request_id=str(payload["request_id"]),
                              policy_version=int(payload["policy_version"]), num_envs=int(payload["num_envs"]),
                              steps=int(payload["steps"]), transitions=int(payload["transitions"]),
                              episodes=int(payload["episodes"]),
                              episode_returns=tuple(float(r) for r in payload["episode_returns"]),
-                             duration_s=float(payload["duration_s"]), fragments=fragments, fragment_refs=refs)
+                             duration_s=float(payload["duration_s"]), fragments=fragments, fragment_refs=refs,
+                             carry=carry, carry_note=None if note is None else str(note))
     except (KeyError, TypeError, ValueError, binascii.Error) as exc:
         raise EventError("<result>", f"is a malformed rollout result ({exc})",
                          "check that the function and the caller run the same strata version") from exc

@@ -4,7 +4,8 @@
 
     event ─> parse_rollout_event ─> resolve the policy (inline | S3 | parameter server | random)
           ─> verify the bundle (device.Verifier, tier "device") ─> device.NumpyExecutor
-          ─> functions._simulate.simulate ─> fragments inline (<= 6 MB) or in S3 ─> result dict
+          ─> decode each stream's carry against its env (functions._envstate; a bad one is an EventError)
+          ─> functions._simulate.simulate ─> fragments inline (<= 6 MB) or in S3, carries inline ─> result dict
 
 A bad event, an untrusted bundle or an unknown env is answered with an `ErrorResult` dict (status 200,
 no ``X-Amz-Function-Error``); only a bug raises. Heavy imports (gymnasium, boto3) happen on first use,
@@ -39,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from device import BundleError, ConfigError, MissingDependencyError, require
+from device import BundleError, ConfigError, MissingDependencyError, WireError, require
+from functions._envstate import StreamCarry, decode_carry
 from functions._errors import EventError, FunctionsError
 from functions._events import (
     SYNC_RESPONSE_LIMIT,
@@ -54,7 +56,7 @@ from functions._events import (
     S3Policy,
     parse_rollout_event,
 )
-from functions._simulate import Act, Simulation, env_key, make_envs, random_act, simulate
+from functions._simulate import Act, Simulation, action_seed, env_key, make_envs, random_act, simulate
 
 #: Room kept under the 6 MB limit for the JSON around the fragments.
 _RESULT_SLACK = 64 * 1024
@@ -97,8 +99,9 @@ def rollout_handler(event: Any, context: Any) -> dict[str, Any]:
         return ErrorResult.from_event_error(exc, rollout_id).to_dict()
     try:
         envs = _envs(request)
-        act, version = _policy(request.policy, envs, request.seeds, actions=request.actions)
-        sim = simulate(request, envs, act, policy_version=version)
+        carries = _carries(request, envs)
+        act, version = _policy(request.policy, envs, request.seeds, actions=request.actions, salt=request.seq_base)
+        sim = simulate(request, envs, act, policy_version=version, carries=carries)
         return _result(request, sim, request_id=request_id, started=started)
     except EventError as exc:
         return ErrorResult.from_event_error(exc, rollout_id).to_dict()
@@ -118,10 +121,26 @@ def _envs(request: RolloutRequest) -> list[Any]:
     return envs
 
 
-def _policy(ref: PolicyRef, envs: list[Any], seeds: tuple[int, ...], *, actions: str = "greedy"
+def _carries(request: RolloutRequest, envs: list[Any]) -> list[StreamCarry | None] | None:
+    if request.carry is None:
+        return None
+    out: list[StreamCarry | None] = []
+    for i, (blob, env) in enumerate(zip(request.carry, envs, strict=True)):
+        if blob is None:
+            out.append(None)
+            continue
+        try:
+            out.append(decode_carry(blob, env))
+        except WireError as exc:
+            raise EventError(f"carry[{i}]", str(exc), "send the carry the previous invocation of this stream "
+                             "returned, unchanged, with the same env id and kwargs (or null to start afresh)") from exc
+    return out
+
+
+def _policy(ref: PolicyRef, envs: list[Any], seeds: tuple[int, ...], *, actions: str = "greedy", salt: int = 0
             ) -> tuple[Act, int]:
     if isinstance(ref, RandomPolicy):
-        return random_act(envs, seeds), 0
+        return random_act(envs, seeds, salt=salt), 0
     if isinstance(ref, InlinePolicy):
         data = ref.bundle
     elif isinstance(ref, S3Policy):
@@ -147,12 +166,12 @@ def _policy(ref: PolicyRef, envs: list[Any], seeds: tuple[int, ...], *, actions:
     if "logits" not in executor.output_names:
         raise EventError("actions", "'sample' needs a Discrete policy whose bundle has a 'logits' output; "
                          f"this one has {list(executor.output_names)}", "send actions 'greedy' for this policy")
-    return sample_from_logits(executor, seeds), version
+    return sample_from_logits(executor, seeds, salt=salt), version
 
 
-def sample_from_logits(executor: Any, seeds: tuple[int, ...]) -> Act:
-    """An ``act`` drawing each stream's action from the policy's logits (Gumbel-max), seeded by `seeds`."""
-    rng = np.random.default_rng(list(seeds))
+def sample_from_logits(executor: Any, seeds: tuple[int, ...], *, salt: int = 0) -> Act:
+    """An ``act`` drawing each stream's action from the policy's logits (Gumbel-max), seeded by `seeds` (+ `salt`)."""
+    rng = np.random.default_rng(action_seed(seeds, salt))
 
     def act(obs: np.ndarray) -> np.ndarray:
         logits = executor.run({"obs": np.asarray(obs, dtype=np.float32)})["logits"]
@@ -228,8 +247,14 @@ def _result(request: RolloutRequest, sim: Simulation, *, request_id: str, starte
         "rollout_id": request.rollout_id, "request_id": request_id,
         "policy_version": int(sim.fragments[0].policy_version[0, 0]) if sim.fragments else 0,
         "num_envs": request.num_envs, "steps": sim.steps, "transitions": sim.steps * request.num_envs,
-        "episodes": sim.episodes, "episode_returns": sim.episode_returns}
-    encoded_size = sum(4 * ((len(b) + 2) // 3) for b in blobs) + 16 * len(sim.episode_returns)
+        "episodes": sim.episodes, "episode_returns": sim.episode_returns,
+        "carry": sim.carries, "carry_note": sim.carry_note}
+    # Carries always travel inline: they count against the limit whether or not the fragments go to S3.
+    carry_size = sum(4 * ((len(c) + 2) // 3) + 4 for c in sim.carries or () if c is not None)
+    if carry_size > SYNC_RESPONSE_LIMIT - _RESULT_SLACK:
+        raise EventError("carry", f"the streams' carries are ~{carry_size} bytes, over Lambda's 6 MB response limit",
+                         "send fewer env streams per invocation")
+    encoded_size = sum(4 * ((len(b) + 2) // 3) for b in blobs) + 16 * len(sim.episode_returns) + carry_size
     sink = request.result
     to_s3 = sink.mode == "s3" or (sink.mode == "auto" and encoded_size > SYNC_RESPONSE_LIMIT - _RESULT_SLACK)
     if not to_s3:

@@ -3,8 +3,11 @@
 Nothing here knows about Lambda, events on the wire or S3: `simulate` takes a validated
 `RolloutRequest`, ready envs and an ``act`` function, and returns `device.RolloutBatch` fragments.
 Env streams step in lockstep; an episode that ends is reset in place (autoreset) and its real last
-observation is kept in ``final_obs``. Transition ``seq`` numbers run 0..T-1 per stream across all
-fragments of one rollout, so ``(source, stream_base + i, seq)`` identifies every transition.
+observation is kept in ``final_obs``. Transition ``seq`` numbers run seq_base..seq_base+T-1 per stream
+across all fragments of one rollout, so ``(source, stream_base + i, seq)`` identifies every transition.
+
+A stream given a `functions._envstate.StreamCarry` continues that running episode (the env is restored,
+not reset); when the request asks for carries, every stream's running episode is captured at the end.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from device import RolloutBatch
-from functions._errors import SimulationError
+from functions._envstate import StreamCarry, capture, codec_gap, encode_carry, restore
+from functions._errors import NoEnvCodecError, SimulationError
 from functions._events import EnvSpec, RolloutRequest
 
 #: ``act(obs[N, *S]) -> actions[N, *A]``.
@@ -34,7 +38,11 @@ class Simulation:
     episodes: int
     """Episodes that ended (terminated or truncated) during the rollout."""
     episode_returns: tuple[float, ...]
-    """Undiscounted return of each ended episode, in the order they ended."""
+    """Undiscounted return of each ended episode, in the order they ended (carried episodes: whole)."""
+    carries: tuple[bytes | None, ...] | None = None
+    """Each stream's running episode at the end, encoded; None when not asked for."""
+    carry_note: str | None = None
+    """Why `carries` holds None entries (the env has no env-state codec)."""
 
 
 def env_key(spec: EnvSpec) -> str:
@@ -58,14 +66,23 @@ def make_envs(spec: EnvSpec, num_envs: int) -> list[Any]:
                               f"{type(exc).__name__}: {exc}; send a registered env id and its valid kwargs") from exc
 
 
-def random_act(envs: Sequence[Any], seeds: Sequence[int]) -> Act:
-    """An ``act`` that samples the action space uniformly, seeded by the streams' seeds.
+def action_seed(seeds: Sequence[int], salt: int = 0) -> list[int]:
+    """The seed of a rollout's action sampler: its streams' seeds, plus `salt` when non-zero.
+
+    The salt is a continued rollout's ``seq_base``: every invocation of a stream draws fresh actions,
+    and a redelivery of one invocation repeats its own.
+    """
+    return [*seeds, salt] if salt else list(seeds)
+
+
+def random_act(envs: Sequence[Any], seeds: Sequence[int], *, salt: int = 0) -> Act:
+    """An ``act`` that samples the action space uniformly, seeded by the streams' seeds (and `salt`).
 
     Discrete and Box spaces are sampled for all streams in one vectorised call; other spaces fall
     back to each env's own ``action_space.sample()``.
     """
     space = envs[0].action_space
-    rng = np.random.default_rng(list(seeds))
+    rng = np.random.default_rng(action_seed(seeds, salt))
     n = len(envs)
     if hasattr(space, "n") and not hasattr(space, "low"):
         start, count = int(getattr(space, "start", 0)), int(space.n)
@@ -75,18 +92,20 @@ def random_act(envs: Sequence[Any], seeds: Sequence[int]) -> Act:
         low, high, dtype = np.asarray(space.low), np.asarray(space.high), space.dtype
         return lambda obs: rng.uniform(low, high, size=(n, *low.shape)).astype(dtype)
     for env, seed in zip(envs, seeds, strict=True):
-        env.action_space.seed(seed)
+        env.action_space.seed(int(np.random.SeedSequence(action_seed([seed], salt)).generate_state(1)[0]))
     return lambda obs: np.stack([np.asarray(env.action_space.sample()) for env in envs])
 
 
-def simulate(request: RolloutRequest, envs: Sequence[Any], act: Act, *, policy_version: int) -> Simulation:
+def simulate(request: RolloutRequest, envs: Sequence[Any], act: Act, *, policy_version: int,
+             carries: Sequence[StreamCarry | None] | None = None) -> Simulation:
     """Run the rollout `request` asks for on `envs` (one per stream) with `act`.
 
     Args:
         request: The validated event.
-        envs: ``request.num_envs`` gymnasium envs; each is reset with its seed first.
+        envs: ``request.num_envs`` gymnasium envs; each is reset with its seed first, or restored from its carry.
         act: Batched policy, ``obs[N, *S] -> actions[N, *A]``.
         policy_version: Recorded with every transition.
+        carries: Per stream, the running episode to continue (decoded and checked against its env), or None.
 
     Raises:
         SimulationError: an env refused an action or returned a malformed step.
@@ -96,7 +115,17 @@ def simulate(request: RolloutRequest, envs: Sequence[Any], act: Act, *, policy_v
         raise SimulationError(f"simulate: got {len(envs)} envs but request {request.rollout_id!r} "
                               f"has num_envs={n}")
     horizon = request.steps if request.steps is not None else request.max_steps
-    first = [env.reset(seed=seed)[0] for env, seed in zip(envs, request.seeds, strict=True)]
+    carries = list(carries) if carries is not None else [None] * n
+    running = np.zeros(n, np.float64)
+    lengths = np.zeros(n, np.int64)
+    first = []
+    for i, (env, seed, carry) in enumerate(zip(envs, request.seeds, carries, strict=True)):
+        if carry is None:
+            first.append(np.asarray(env.reset(seed=seed)[0], dtype=np.float32))
+        else:
+            restore(env, carry.state)
+            first.append(carry.obs)
+            running[i], lengths[i] = carry.episode_return, carry.episode_length
     obs_now = np.asarray(np.stack(first), dtype=np.float32)
     obs_shape = obs_now.shape[1:]
     probe = np.asarray(act(obs_now))
@@ -110,7 +139,6 @@ def simulate(request: RolloutRequest, envs: Sequence[Any], act: Act, *, policy_v
     rewards = np.zeros((horizon, n), np.float32)
     terminations = np.zeros((horizon, n), bool)
     truncations = np.zeros((horizon, n), bool)
-    running = np.zeros(n, np.float64)
     returns: list[float] = []
     pending_action: np.ndarray | None = probe
     # Discrete actions go to env.step as Python ints (what gymnasium's spaces expect); others as arrays.
@@ -131,11 +159,12 @@ def simulate(request: RolloutRequest, envs: Sequence[Any], act: Act, *, policy_v
                                       f"{a[i]!r}: {type(exc).__name__}: {exc}") from exc
             rewards[t, i] = r
             running[i] += float(r)
+            lengths[i] += 1
             if term or trunc:
                 terminations[t, i], truncations[t, i] = bool(term), bool(trunc)
                 final_obs[t, i] = o
                 returns.append(float(running[i]))
-                running[i] = 0.0
+                running[i], lengths[i] = 0.0, 0
                 o, _ = env.reset()
             obs_now[i] = o
         t += 1
@@ -145,7 +174,7 @@ def simulate(request: RolloutRequest, envs: Sequence[Any], act: Act, *, policy_v
     frag = request.fragment_length or steps
     worker = np.arange(request.stream_base, request.stream_base + n, dtype=np.int64)
     version = np.full((steps, n), policy_version, np.int64)
-    seq = np.broadcast_to(np.arange(steps, dtype=np.int64)[:, None], (steps, n))
+    seq = np.broadcast_to(np.arange(request.seq_base, request.seq_base + steps, dtype=np.int64)[:, None], (steps, n))
     fragments = []
     for start in range(0, steps, frag):
         stop = min(start + frag, steps)
@@ -155,4 +184,27 @@ def simulate(request: RolloutRequest, envs: Sequence[Any], act: Act, *, policy_v
             terminations=terminations[start:stop], truncations=truncations[start:stop],
             final_obs=final_obs[start:stop], next_obs=np.array(next_obs), policy_version=version[start:stop],
             worker=worker, seq=np.ascontiguousarray(seq[start:stop])))
-    return Simulation(fragments=tuple(fragments), steps=steps, episodes=len(returns), episode_returns=tuple(returns))
+    out, note = None, None
+    if request.carry is not None:
+        out, note = _capture_all(request, envs, obs_now, running, lengths, steps)
+    return Simulation(fragments=tuple(fragments), steps=steps, episodes=len(returns), episode_returns=tuple(returns),
+                      carries=out, carry_note=note)
+
+
+def _capture_all(request: RolloutRequest, envs: Sequence[Any], obs_now: np.ndarray, running: np.ndarray,
+                 lengths: np.ndarray, steps: int) -> tuple[tuple[bytes | None, ...], str | None]:
+    """Every stream's running episode, encoded; or all None and the one-line note when the env has no codec."""
+    gap = codec_gap(envs[0])
+    try:
+        if gap is None:
+            return tuple(encode_carry(StreamCarry(state=capture(env), obs=obs_now[i],
+                                                  episode_return=float(running[i]),
+                                                  episode_length=int(lengths[i])))
+                         for i, env in enumerate(envs)), None
+        reason = f"its {gap} layer has no env-state codec"
+    except NoEnvCodecError as exc:
+        reason = str(exc)
+    return (None,) * len(envs), (
+        f"{request.env.id}: episodes cannot continue across invocations ({reason}), so they end at the fragment "
+        f"length ({steps} steps per invocation); register a codec with functions.register_env_codec "
+        "(see functions/_envstate.py)")
