@@ -7,11 +7,22 @@ timeout, strata's own backoff on 429/5xx, a connection pool sized to the fan-out
     fragments() loop:
       desired = Autoscaler.desired(remaining work)      demand / observed per-invocation throughput,
                                                          capped by the ramp (+scale_step per scale_period_s)
-      while in flight < desired: submit one rollout     rollout id = "<run>-<k>", streams k*E .. k*E+E-1
+      while in flight < desired: submit one rollout     rollout id = "<run>-<k>", on a lane (below)
       wait for the first finished invocation:
-        function error (timeout, crash)  -> re-issue the same rollout id (same transition ids)
+        function error (timeout, crash)  -> re-issue the same event (same rollout id, same carry, same ids)
         result already accepted          -> dropped, counted (duplicate delivery, retried 5xx)
-        otherwise                        -> accept, record duration + GB-s, yield its fragments
+        otherwise                        -> accept, record duration + GB-s, move the lane on, yield fragments
+
+Lanes carry episodes across invocations. A lane is E env streams with fixed worker ids
+(``lane * E .. lane * E + E - 1``, seeds ``seed + worker``), the ``seq`` its next transition gets, and
+the carries its last *accepted* invocation returned (`functions._envstate`: each stream's env state,
+next observation and running return). A lane has at most one invocation in flight; a new rollout
+takes the idle lane that has waited longest, or opens a new lane. So any function instance continues
+any episode, a re-issued or duplicated invocation restarts from the last accepted carry, and every
+transition id is still produced once. When the function answers without carries (the env has no
+codec: its one-line note is logged once) or ``carry_episodes`` is off, the lane is closed after one
+invocation: every rollout starts fresh episodes on fresh worker ids, as before carries existed.
+The carries count against the 6 MB event limit; an event over it is refused before it is sent.
 
 Invocation modes: ``sync`` (RequestResponse; the result, or S3 references for results over 6 MB,
 comes back in the response) and ``async`` (Event; at-least-once, so the handler writes its result
@@ -31,10 +42,12 @@ the returned source has FragmentSource's shape: ``set_policy(bundle) -> version`
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -43,6 +56,7 @@ from typing import Any, Literal
 from cloud._errors import CloudError
 from device import Bundle, RolloutBatch
 from functions._events import (
+    SYNC_RESPONSE_LIMIT,
     EnvSpec,
     ErrorResult,
     InlinePolicy,
@@ -63,6 +77,10 @@ PRICE_PER_REQUEST = 0.20 / 1_000_000
 #: Lambda's scaling rate per function: 1000 more execution environments every 10 s.
 LAMBDA_SCALE_STEP = 1000
 LAMBDA_SCALE_PERIOD_S = 10.0
+#: Lambda's synchronous request limit (the event, carries included).
+SYNC_REQUEST_LIMIT = SYNC_RESPONSE_LIMIT
+
+log = logging.getLogger(__name__)
 
 
 class ServerlessError(CloudError):
@@ -94,6 +112,9 @@ class ServerlessConfig:
     """Source name in every transition id."""
     actions: Literal["greedy", "sample"] = "greedy"
     """How functions choose actions: the policy's greedy action, or a sample from its logits (training)."""
+    carry_episodes: bool = True
+    """Continue each stream's running episode in its next invocation (the env state travels with the event);
+    off, or for an env without an env-state codec, every invocation starts fresh episodes."""
 
     # demand and scaling
     target_steps_per_s: float = 100_000.0
@@ -266,6 +287,12 @@ class ServerlessStats:
     gb_seconds: float = 0.0
     durations_s: list[float] = field(default_factory=list)
     """Handler duration of each accepted invocation."""
+    carry_bytes_sent: int = 0
+    """Bytes of carries (base64, as on the wire) in the events of accepted rollouts."""
+    carry_bytes_received: int = 0
+    """Bytes of carries (base64) in accepted results."""
+    episodes_continued: int = 0
+    """Env streams that started an accepted rollout from a carry rather than a reset."""
     concurrency: list[tuple[float, int, int]] = field(default_factory=list)
     """``(seconds since start, desired, in flight)`` after each scaling decision."""
 
@@ -279,8 +306,30 @@ class ServerlessStats:
                 "function_errors": self.function_errors, "duplicates_dropped": self.duplicates_dropped,
                 "rollouts": self.rollouts, "fragments": self.fragments, "transitions": self.transitions,
                 "gb_seconds": round(self.gb_seconds, 6), "cost_usd": self.cost_usd(),
+                "carry_bytes_sent": self.carry_bytes_sent, "carry_bytes_received": self.carry_bytes_received,
+                "episodes_continued": self.episodes_continued,
                 "cost_usd_per_million_steps": self.cost_usd() / self.transitions * 1e6 if self.transitions else 0.0,
                 "max_concurrency": max((c[2] for c in self.concurrency), default=0)}
+
+
+@dataclass
+class _Lane:
+    """Env streams whose episodes continue from invocation to invocation (module docstring)."""
+
+    id: int
+    stream_base: int
+    seeds: tuple[int, ...]
+    next_seq: int = 0
+    carry: tuple[bytes | None, ...] | None = None
+    """What the last accepted invocation returned; None: the streams start with a reset."""
+
+
+@dataclass(frozen=True)
+class _Issued:
+    lane: _Lane
+    event: dict[str, Any]
+    payload: bytes
+    carry_bytes: int
 
 
 @dataclass(frozen=True)
@@ -321,6 +370,10 @@ class ServerlessRolloutSource:
         self.policy: PolicyRef = RandomPolicy()
         self.policy_version = 0
         self._next_index = 0
+        self._next_lane = 0
+        self._idle_lanes: deque[_Lane] = deque()
+        self._issued: dict[int, _Issued] = {}
+        self._noted = False
         self._accepted: set[str] = set()
         self._reissues: dict[int, int] = {}
         self._pool = ThreadPoolExecutor(max_workers=config.max_concurrency, thread_name_prefix="serverless")
@@ -358,24 +411,53 @@ class ServerlessRolloutSource:
         return self._s3
 
     # -- rollouts --
-    def _request(self, index: int) -> RolloutRequest:
+    def _request(self, index: int, lane: _Lane) -> RolloutRequest:
         c = self.config
+        carry = None
+        if c.carry_episodes:
+            carry = lane.carry if lane.carry is not None else (None,) * c.envs_per_invocation
         return RolloutRequest(
             rollout_id=f"{self.run_id}-{index:08d}", env=EnvSpec(id=c.env_id, kwargs=json.loads(c.env_kwargs)),
-            policy=self.policy, num_envs=c.envs_per_invocation,
-            seeds=tuple(c.seed + index * c.envs_per_invocation + i for i in range(c.envs_per_invocation)),
+            policy=self.policy, num_envs=c.envs_per_invocation, seeds=lane.seeds,
             steps=c.steps_per_invocation, fragment_length=c.fragment_length or None, source=c.source,
-            actions=c.actions,
-            stream_base=index * c.envs_per_invocation,
+            actions=c.actions, stream_base=lane.stream_base, seq_base=lane.next_seq, carry=carry,
             result=ResultSink(mode="s3" if c.invocation == "async" else "auto", s3_bucket=c.result_bucket or None,
                               s3_prefix=c.result_prefix))
 
-    def _run(self, index: int, event: dict[str, Any]) -> _Done:
+    def _issue(self, index: int) -> _Issued:
+        """The event of a new rollout, on the idle lane that waited longest or on a new lane."""
+        c = self.config
+        if self._idle_lanes:
+            lane = self._idle_lanes.popleft()
+        else:
+            base = self._next_lane * c.envs_per_invocation
+            lane = _Lane(id=self._next_lane, stream_base=base,
+                         seeds=tuple(c.seed + base + i for i in range(c.envs_per_invocation)))
+            self._next_lane += 1
+        event = self._request(index, lane).to_event()
+        payload = json.dumps(event).encode()
+        if len(payload) > SYNC_REQUEST_LIMIT:
+            raise ServerlessError(f"ServerlessRolloutSource: the event of rollout {index} is {len(payload)} bytes, "
+                                  f"over Lambda's {SYNC_REQUEST_LIMIT}-byte request limit (carries "
+                                  f"{sum(len(x) for x in event.get('carry') or () if x)} bytes); lower "
+                                  "envs_per_invocation, pass the bundle by S3 (inline_bundle_bytes), or set "
+                                  "carry_episodes=False")
+        carry_bytes = sum(len(x) for x in event.get("carry") or () if x)
+        issued = _Issued(lane=lane, event=event, payload=payload, carry_bytes=carry_bytes)
+        self._issued[index] = issued
+        return issued
+
+    def _release(self, index: int) -> None:
+        """An issued rollout that will not be accepted: its lane goes back idle, on its last accepted carry."""
+        issued = self._issued.pop(index, None)
+        if issued is not None and (issued.lane.carry is not None or issued.lane.next_seq == 0):
+            self._idle_lanes.appendleft(issued.lane)
+
+    def _run(self, index: int, event: dict[str, Any], payload: bytes) -> _Done:
         from botocore.exceptions import BotoCoreError
 
         from infra import InfraError
 
-        payload = json.dumps(event).encode()
         started = time.monotonic()
         invocation_type = "Event" if self.config.invocation == "async" else "RequestResponse"
         try:
@@ -432,13 +514,20 @@ class ServerlessRolloutSource:
                     remaining = left * (c.fragment_length or c.steps_per_invocation) * c.envs_per_invocation
                 desired = self.autoscaler.desired(remaining_steps=remaining)
                 while len(pending) < desired and (retry or remaining is None or remaining > 0):
-                    index = retry.pop(0) if retry else self._new_index()
-                    event = self._request(index).to_event()
-                    pending[self._pool.submit(self._run, index, event)] = index
+                    if retry:
+                        index = retry.pop(0)
+                        issued = self._issued[index]  # the same event: same rollout id, same carry
+                    else:
+                        index = self._new_index()
+                        issued = self._issue(index)
+                    pending[self._pool.submit(self._run, index, issued.event, issued.payload)] = index
                     if remaining is not None:
                         remaining -= c.steps_per_rollout
                 self.stats.concurrency.append((self._clock() - t0, desired, len(pending)))
                 for outcome in in_hand:
+                    if count is not None and yielded >= count:
+                        self._abandon(outcome)  # finished after the last fragment asked for: not accepted
+                        continue
                     for batch in self._accept(outcome, retry):
                         if count is not None and yielded >= count:
                             break  # an extra fragment of the last rollout: not asked for
@@ -458,12 +547,24 @@ class ServerlessRolloutSource:
         finally:
             for future in pending:
                 future.cancel()
+            # Whatever is still issued (in flight, to be re-issued, or finished but not read) will not be
+            # accepted: its lane goes back idle on the last accepted carry.
+            for index in sorted(self._issued, reverse=True):
+                self._release(index)
 
     def _new_index(self) -> int:
         with self._lock:
             index = self._next_index
             self._next_index += 1
         return index
+
+    def _abandon(self, outcome: _Done) -> None:
+        """Bill an invocation whose result is not used, and put its lane back on its last accepted carry."""
+        self.stats.attempts += outcome.attempts
+        self.stats.invocations += outcome.billed + outcome.extra_markers
+        duration = outcome.result.duration_s if isinstance(outcome.result, RolloutResult) else outcome.invoke_s
+        self.stats.gb_seconds += self.config.memory_mb / 1024 * duration * (1 + outcome.extra_markers)
+        self._release(outcome.index)
 
     def _accept(self, outcome: _Done, retry: list[int]) -> list[RolloutBatch]:
         c = self.config
@@ -495,6 +596,7 @@ class ServerlessRolloutSource:
             self.stats.duplicates_dropped += 1
             return []
         self._accepted.add(result.rollout_id)
+        self._advance(outcome.index, result)
         blobs = list(result.fragments) or self._fetch(result.fragment_refs)
         batches = [RolloutBatch.from_bytes(b) for b in blobs]
         self.stats.rollouts += 1
@@ -502,6 +604,32 @@ class ServerlessRolloutSource:
         self.stats.fragments += len(batches)
         self.stats.transitions += sum(b.size for b in batches)
         return batches
+
+    def _advance(self, index: int, result: RolloutResult) -> None:
+        """Move the rollout's lane on: its next seq, and the carries to continue from (or close it)."""
+        issued = self._issued.pop(index, None)
+        if issued is None:
+            return
+        lane = issued.lane
+        lane.next_seq += result.steps
+        self.stats.carry_bytes_sent += issued.carry_bytes
+        self.stats.episodes_continued += sum(1 for x in issued.event.get("carry") or () if x)
+        carries = result.carry
+        if carries is not None and len(carries) == self.config.envs_per_invocation and all(
+                x is not None for x in carries):
+            self.stats.carry_bytes_received += sum(4 * ((len(x) + 2) // 3) for x in carries if x is not None)
+            lane.carry = carries
+            self._idle_lanes.append(lane)
+            return
+        # No carries: the lane's streams cannot continue; the next rollout starts fresh ones on a new lane.
+        lane.carry = None
+        if result.carry_note and not self._noted:
+            self._noted = True
+            log.warning("%s", result.carry_note)
+
+    def forget_episodes(self) -> None:
+        """Drop every idle lane's running episodes: the next rollouts start fresh ones on new worker ids."""
+        self._idle_lanes.clear()
 
     def close(self) -> None:
         """Stop issuing, wait for in-flight invocations, stop anything this source started."""

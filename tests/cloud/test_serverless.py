@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 
 from cloud._serverless import (
@@ -57,11 +58,17 @@ def config(url: str, **kw: object) -> ServerlessConfig:
 
 
 def assert_exactly_once(batches: list[RolloutBatch], rollouts: int, cfg: ServerlessConfig) -> None:
+    """Every transition once: per worker (a lane's stream) the seqs run 0..n-1 without a gap, and none is missing."""
     ids = Counter(tid for b in batches for tid in b.transition_ids())
     assert max(ids.values()) == 1, "a transition was counted twice"
-    expected = {(cfg.source, w, s) for w in range(rollouts * cfg.envs_per_invocation)
-                for s in range(cfg.steps_per_invocation)}
-    assert set(ids) == expected, "a transition was lost"
+    per_worker: dict[int, set[int]] = defaultdict(set)
+    for source, w, s in ids:
+        assert source == cfg.source
+        per_worker[w].add(s)
+    for w, seqs in per_worker.items():
+        assert seqs == set(range(len(seqs))), f"worker {w} has a gap: a transition was lost"
+        assert len(seqs) % cfg.steps_per_invocation == 0
+    assert len(ids) == rollouts * cfg.envs_per_invocation * cfg.steps_per_invocation, "a transition was lost"
 
 
 def test_throttles_and_service_errors_lose_nothing_and_count_nothing_twice(creds: None,
@@ -260,3 +267,100 @@ def test_the_source_ramps_within_the_local_scaling_rule_and_follows_demand(
     with ServerlessRolloutSource(config(rt.url, max_concurrency=6, target_steps_per_s=1.0)) as slow:
         list(slow.fragments(count=6))
         assert max(f for _, _, f in slow.stats.concurrency) == 1  # 1 step/s of demand needs one invocation
+
+
+# ---- episodes carried across invocations (functions._envstate) ------------------------------------------------
+
+def _streams(batches: list[RolloutBatch]) -> dict[int, dict[str, np.ndarray]]:
+    """Each worker's transitions in seq order, stitched across the invocations that produced them."""
+    parts: dict[int, list[tuple[int, int, RolloutBatch]]] = defaultdict(list)
+    for b in batches:
+        for j, w in enumerate(b.worker.tolist()):
+            parts[w].append((int(b.seq[0, j]), j, b))
+    out = {}
+    for w, pieces in parts.items():
+        pieces.sort(key=lambda p: p[0])
+        out[w] = {name: np.concatenate([getattr(b, name)[:, j] for _, j, b in pieces])
+                  for name in ("seq", "obs", "actions", "rewards", "terminations", "truncations", "final_obs")}
+    return out
+
+
+def _one_process(env_id: str, seed: int, actions: np.ndarray) -> dict[str, np.ndarray]:
+    import gymnasium as gym
+
+    env = gym.make(env_id)
+    o, _ = env.reset(seed=seed)
+    out: dict[str, list[object]] = {"obs": [], "rewards": [], "terminations": [], "truncations": [], "final_obs": []}
+    for a in actions:
+        out["obs"].append(np.asarray(o, np.float32))
+        o, r, term, trunc, _ = env.step(int(a))
+        out["rewards"].append(np.float32(r))
+        out["terminations"].append(term)
+        out["truncations"].append(trunc)
+        out["final_obs"].append(np.asarray(o, np.float32) if term or trunc else np.zeros(4, np.float32))
+        if term or trunc:
+            o, _ = env.reset()
+    return {k: np.array(v) for k, v in out.items()}
+
+
+def test_episodes_continue_across_invocations_through_worker_crashes(creds: None,
+                                                                     runtime_factory: list[LocalRuntime]) -> None:
+    rt = start_runtime(FaultConfig(crash_rate=0.3, seed=4))
+    runtime_factory.append(rt)
+    cfg = config(rt.url, max_concurrency=2, max_reissues=10)
+    with ServerlessRolloutSource(cfg) as source:
+        batches = list(source.fragments(count=24))  # 12 invocations on at most 2 lanes of 2 streams
+        stats = source.stats
+    assert_exactly_once(batches, 12, cfg)
+    assert stats.reissued > 0  # workers crashed and their rollouts were re-issued with the same carry
+    assert stats.episodes_continued > 0 and stats.carry_bytes_sent > 0 and stats.carry_bytes_received > 0
+    streams = _streams(batches)
+    assert max(len(s["seq"]) for s in streams.values()) >= 5 * cfg.steps_per_invocation
+    longest = 0
+    for w, got in streams.items():
+        want = _one_process(cfg.env_id, cfg.seed + w, got["actions"])
+        for name in ("obs", "rewards", "terminations", "truncations", "final_obs"):
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"worker {w}: {name} differs")
+        ends = np.flatnonzero(got["terminations"] | got["truncations"])
+        longest = max([longest, *np.diff(np.concatenate([[-1], ends])).tolist()])
+    assert longest > cfg.steps_per_invocation  # an episode outlived the invocation that started it
+
+
+def test_without_carries_every_rollout_starts_fresh_streams(creds: None, runtime_factory: list[LocalRuntime]) -> None:
+    rt = start_runtime(FaultConfig())
+    runtime_factory.append(rt)
+    cfg = config(rt.url, carry_episodes=False)
+    with ServerlessRolloutSource(cfg) as source:
+        batches = list(source.fragments(count=8))
+        assert source.stats.carry_bytes_sent == 0 and source.stats.episodes_continued == 0
+    ids = {tid for b in batches for tid in b.transition_ids()}
+    assert ids == {(cfg.source, w, s) for w in range(4 * cfg.envs_per_invocation)
+                   for s in range(cfg.steps_per_invocation)}
+
+
+def test_an_env_without_a_codec_runs_as_before_with_one_note(creds: None, runtime_factory: list[LocalRuntime],
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    rt = start_runtime(FaultConfig())
+    runtime_factory.append(rt)
+    cfg = config(rt.url, env_id="FrozenLake-v1")  # toy-text: no env-state codec
+    with caplog.at_level("WARNING", logger="cloud._serverless"), ServerlessRolloutSource(cfg) as source:
+        batches = list(source.fragments(count=8))
+        assert source.stats.episodes_continued == 0
+    ids = {tid for b in batches for tid in b.transition_ids()}
+    assert ids == {(cfg.source, w, s) for w in range(4 * cfg.envs_per_invocation)
+                   for s in range(cfg.steps_per_invocation)}  # fresh worker ids, seqs from 0: today's behaviour
+    notes = [r.getMessage() for r in caplog.records if r.name == "cloud._serverless"]
+    assert notes == ["FrozenLake-v1: episodes cannot continue across invocations (its FrozenLakeEnv layer has no "
+                     "env-state codec), so they end at the fragment length (20 steps per invocation); register a "
+                     "codec with functions.register_env_codec (see functions/_envstate.py)"]
+
+
+def test_an_event_over_the_request_limit_is_refused_before_it_is_sent(creds: None) -> None:
+    cfg = ServerlessConfig(lambda_endpoint_url="http://127.0.0.1:9", envs_per_invocation=2)
+    with ServerlessRolloutSource(cfg) as source:
+        source._issue(0)  # a fresh lane: no carries yet, small
+        lane = source._issued.pop(0).lane
+        lane.carry = (b"x" * (3 * 1024 * 1024), b"y" * (2 * 1024 * 1024))
+        source._idle_lanes.append(lane)
+        with pytest.raises(ServerlessError, match=re.escape("over Lambda's 6291456-byte request limit")):
+            source._issue(1)
