@@ -288,9 +288,10 @@ def _markdown(summary: dict[str, Any], switches: list[dict[str, Any]], fleet: An
     else:
         lines.append("No switch happened (the run was solved before the phase schedule fired).")
     if any(s["to_mode"] == "functions" for s in switches):
-        lines += ["", "In the functions phase every invocation starts fresh episodes of at most 128 steps (a function "
-                  "keeps no env state between invocations), so the training-episode returns plotted there are "
-                  "capped near 128; the policy itself is unaffected, as the returns after the switch back show."]
+        lines += ["", "In the functions phase every invocation simulates 128 steps of one env stream and returns the "
+                  "stream's running episode with its fragment (the env's state and RNG, never pickled); the next "
+                  "invocation for that stream, on any instance, continues it, so episodes there run past 128 "
+                  "steps as they do co-located."]
     acc = summary.get("accounting") or {}
     lines += ["", f"Transitions produced {acc.get('produced', 0):,}, consumed {acc.get('consumed', 0):,}, duplicates "
               f"{acc.get('duplicates', 0)}, gaps {acc.get('gaps', 0)}.", "",

@@ -137,8 +137,8 @@ class FragmentFeed:
         envs_per_fragment: Env streams in one fragment.
         fragment_steps: Steps in one fragment, a multiple ``m`` of `num_steps`: a longer fragment is
             cut into ``m`` consecutive pieces, each bootstrapped from the first observation of the
-            next, so hosts can run long stretches of few streams (a function starts its streams
-            afresh on every invocation). ``num_envs`` must be a multiple of ``m * envs_per_fragment``.
+            next, so hosts can run long stretches of few streams. ``num_envs`` must be a multiple of
+            ``m * envs_per_fragment``.
         workers: How many hosts or function instances feed it (for status).
     """
 
@@ -184,6 +184,11 @@ class FragmentFeed:
         self._policy_version = None
         self._returns.clear()
         self._lengths.clear()
+        # The serverless source carries episodes across invocations; the returns of those are forgotten
+        # here, so it starts fresh ones too.
+        forget = getattr(self._producer, "forget_episodes", None)
+        if forget is not None:
+            forget()
 
     def collect(self, *, policy_version: int, global_step: int) -> tuple[list[RolloutBatch], list[Any]]:
         """Publish the current policy if it changed, then gather exactly one update's fragments."""

@@ -43,9 +43,9 @@ class SwitchingConfig:
     function_name: str = "strata-rollout"
     """Lambda function of the ``functions`` mode."""
     fragment_steps: int = 128
-    """Steps one function invocation simulates (a multiple of num_steps; one stream per invocation). A
-    function is stateless: every invocation starts fresh episodes, so episodes longer than this never finish
-    in the functions mode and its training-episode returns are capped by it (the policy is not)."""
+    """Steps one function invocation simulates (a multiple of num_steps; one stream per invocation). Functions
+    are stateless, so each stream's running episode travels with the invocation and the next one continues it
+    (functions/_envstate.py); for an env without an env-state codec episodes end at this length."""
     env_services: str = ""
     """``HOST:PORT,...`` of running env services for ``decoupled``; empty: the job starts its own."""
     control: bool = True
