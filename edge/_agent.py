@@ -565,7 +565,8 @@ class EdgeAgent:
                 link = self.link
                 if link is not None and link.gave_up:
                     raise EdgeError(f"{cfg.node_id}: the broker {cfg.broker} refused the connection {link.refusals} "
-                                    f"times ({link.last_error}); check --username and --password-file")
+                                    f"times ({link.last_error}); check --username and --password-file, or the TLS "
+                                    "--cert-file, --key-file and --ca-file")
                 if cfg.duration is not None and now - started >= cfg.duration:
                     break
                 if cfg.steps is not None and self.counters.steps >= cfg.steps:

@@ -186,6 +186,7 @@ class MqttLink:
         self.connects = 0
         self.refusals = 0
         """Consecutive CONNACK refusals since the last successful connect."""
+        self._answered = False  # whether the broker answered CONNECT on the current socket
         self._gave_up = threading.Event()
         self.connected_at: float | None = None
         """Clock reading of the latest CONNACK."""
@@ -312,6 +313,14 @@ class MqttLink:
                     continue
             rc = self._client.loop(timeout=0.05)
             if rc != self._mqtt.MQTT_ERR_SUCCESS and not self._stop.is_set():
+                if self.config.cert_file and not self._answered:
+                    # Under TLS 1.3 a broker that rejects the client certificate (wrong CA, expired) completes
+                    # the handshake and then closes before any CONNACK: that is a refusal, not an outage.
+                    self.refusals += 1
+                    self._state = LinkState.REFUSED
+                    self.last_error = (f"the broker closed the TLS connection before answering CONNECT: it refused "
+                                       f"the client certificate {self.config.cert_file} (wrong CA, expired or "
+                                       "revoked)")
                 if self._client.socket() is not None:
                     self._client._sock_close()
                 if self._state is not LinkState.REFUSED:
@@ -329,11 +338,13 @@ class MqttLink:
     # ------------------------------------------------------------------------------------------ paho callbacks
 
     def _handle_socket_open(self, client: Any, userdata: Any, sock: Any) -> None:
+        self._answered = False
         # A non-TCP socket (unix, websocket proxy) has no Nagle to turn off.
         with contextlib.suppress(OSError, AttributeError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _handle_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
+        self._answered = True
         if reason_code.is_failure:
             self.refusals += 1
             self._state = LinkState.REFUSED

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import shutil
@@ -10,6 +11,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from device import ConfigError
 from device._config_file import format_layered, load_layered, read_config_file
@@ -161,6 +166,34 @@ def test_a_kit_with_a_tls_client_certificate_runs_a_node(tmp_path: Path, mosquit
                      timeout=300)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout.strip().splitlines()[-1])["version"] == 2
+    # a certificate from another CA, and an expired one from the right CA: refused, one line, non-zero exit
+    other_key, other_ca = _cert("another CA", None, None, ca=True)
+    wrong = _cert("n1", other_key, other_ca.subject)
+    expired = _expired_cert("n1", ca_key, ca_cert)
+    for label, (bad_key, bad_cert) in (("wrong", wrong), ("expired", expired)):
+        bad_key_file, bad_cert_file = _write(tmp_path / label, bad_key, bad_cert)
+        bad_kit = write_kit(tmp_path / label, node="n1", config={
+            "fleet": "tls", "broker": url, "trust": ("signing.pub",), "ca_file": "ca.pem", "cert_file": "n1.pem",
+            "key_file": "n1.key"}, files={"signing.pub": pub.read_bytes(), "ca.pem": Path(ca_file).read_bytes(),
+                                          "n1.pem": Path(bad_cert_file).read_bytes(),
+                                          "n1.key": Path(bad_key_file).read_bytes()})
+        refused = run_strata("edge", "run", "--config", str(bad_kit.directory / "edge.toml"), "--steps", "200",
+                             timeout=300)
+        assert refused.returncode == 2, (label, refused.stderr)
+        assert "Traceback" not in refused.stderr
+        last = refused.stderr.strip().splitlines()[-1]
+        assert "refused the client certificate" in last and "--cert-file" in last, (label, last)
+
+
+def _expired_cert(subject: str, ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate
+                  ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=10)).not_valid_after(now - datetime.timedelta(days=1))
+            .sign(ca_key, hashes.SHA256()))
+    return key, cert
 
 
 def _kit(tmp_path: Path) -> Path:
