@@ -12,6 +12,8 @@ What a step returns, per env, in each autoreset mode (the same as `gymnasium.vec
 - ``SAME_STEP``: the step that ends an episode resets the env at once and returns the new episode's first
   observation; ``info["final_obs"][i]`` (with mask ``info["_final_obs"]``) holds the real last observation
   and ``info["final_info"]`` the last step's info, so truncated episodes bootstrap from ``final_obs``.
+- ``DISABLED``: envs are never reset by a step; the caller resets the ended ones with
+  ``reset(options={"reset_mask": ended})``.
 
 Fault isolation. When a worker process crashes, hangs past ``step_timeout_s``, or (with
 ``on_env_error="restart"``) one of its envs raises, the pool kills it, starts a fresh one with new envs
@@ -22,18 +24,29 @@ Fault isolation. When a worker process crashes, hangs past ``step_timeout_s``, o
 - ``NEXT_STEP``: the observation is the last one the old worker wrote for that env (the episode's last
   known state); the following step resets the env as after any truncation;
 - ``SAME_STEP``: the observation is the new episode's first one; ``info["final_obs"]`` is the last known one.
+- ``DISABLED``: as NEXT_STEP, without the reset (the caller resets the env).
+
+With spaces other than the fixed-shape four (below) the last observation is not kept across a restart: the
+env is reset and its first observation is returned (and is ``final_obs`` in SAME_STEP).
 
 A step in flight when the worker failed is re-run for that worker only (the actions are still in shared
 memory), so the call returns normally. With ``on_worker_failure="raise"`` the pool restarts the worker
 and raises `WorkerFailedError` instead; with ``on_env_error="raise"`` (the default, like AsyncVectorEnv)
-an env exception restarts its worker and raises `EnvWorkerError` with the env index and the worker's
-traceback (that step's results are lost; the restarted envs report truncated on their next step).
+an env exception restarts its worker and is re-raised as the env's own exception type (an `EnvWorkerError`
+subclass that also carries the env index and the worker's traceback). A ``timeout`` passed to a ``*_wait``
+call that expires restarts the workers that did not answer and raises `WorkerTimeoutError`, a
+``multiprocessing.TimeoutError`` as AsyncVectorEnv raises.
 
-Where it differs from AsyncVectorEnv: spaces must be Box, Discrete, MultiDiscrete or MultiBinary (one
-fixed-shape array each); ``autoreset_mode=DISABLED`` and ``render`` are not supported; an env's exception
-arrives as `EnvWorkerError` (env index, worker traceback) rather than re-raised as its own type. With
-``vector_env_fns`` worker ``w`` is reset with ``seeds[w * K]`` (vector envs take one seed), ``call``/
-``get_attr`` return one result per worker, and ``reset_mask`` is refused.
+Drop-in for AsyncVectorEnv: the constructor takes AsyncVectorEnv's arguments in its order (``env_fns,
+shared_memory, copy, context, daemon, worker, observation_mode, autoreset_mode, max_concurrency``) and
+gymnasium's own ``tests/vector`` passes with the pool swapped in (`scripts/gymnasium_conformance.sh`). What
+differs: a custom ``worker`` function is refused (ValueError); a worker process steps several envs; the pool
+restarts a crashed or hung worker instead of leaving it dead; an env that raised is rebuilt with its worker
+(AsyncVectorEnv shuts that env's process down). Spaces: Box, Discrete, MultiDiscrete and MultiBinary go
+through the shared-memory fast path; Tuple, Dict, Text and OneOf through gymnasium's shared-memory utilities
+(``gymnasium.vector.utils``); Graph, Sequence and custom spaces need ``shared_memory=False`` and travel over the
+pipe, as with AsyncVectorEnv. With ``vector_env_fns`` worker ``w`` is reset with ``seeds[w * K]`` (vector envs
+take one seed), ``call``/``get_attr`` return one result per worker, and ``reset_mask`` is refused.
 
 Inference placement: by default the learner chooses the actions (`step` with a batch from the parent,
 which is what PPO needs for log-probs and values); ``worker_policy`` + `act_step` runs a per-worker copy of
@@ -45,95 +58,15 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from cloud._envs import VECTOR_ENV_MODES
-from device import ConfigError
+from cloud._pool_config import ColocatedConfig, PoolCounters, spin_times_us
+
+__all__ = ["ColocatedConfig", "PoolCounters", "SharedMemoryVectorEnv", "build_colocated_vector_env", "spin_times_us"]
 
 if TYPE_CHECKING:
     import numpy as np
-
-
-@dataclass(frozen=True, kw_only=True)
-class ColocatedConfig:
-    """How the shared-memory worker pool runs its workers."""
-
-    # Processes
-    num_workers: int | None = None
-    """Worker processes; None means one per CPU (at most one per env). Envs are split evenly between them."""
-    context: str | None = None
-    """multiprocessing start method (fork, forkserver, spawn); None uses the platform default."""
-
-    # Waiting
-    worker_spin_us: float | None = None
-    """How long a worker polls (yielding the CPU) for its next command before it blocks, in microseconds;
-    None: 100 if the host has a core to spare for it (cpu_count >= num_workers + 2), else 0 (block at once)."""
-    parent_spin_us: float | None = None
-    """How long the parent polls for a worker's results before it blocks, in microseconds; None: 50 if the host
-    has a core to spare (cpu_count >= num_workers + 2), else 0."""
-
-    # Faults
-    step_timeout_s: float = 60.0
-    """A worker that does not finish a step or call within this many seconds counts as hung and is restarted."""
-    start_timeout_s: float = 120.0
-    """How long a (re)started worker may take to build its envs."""
-    close_timeout_s: float = 5.0
-    """How long close() waits for workers to exit before killing them."""
-    on_env_error: Literal["raise", "restart"] = "raise"
-    """An exception inside an env: raise EnvWorkerError (worker restarted), or restart the worker and go on."""
-    on_worker_failure: Literal["restart", "raise"] = "restart"
-    """A crashed or hung worker: restart it and go on, or restart it and raise WorkerFailedError."""
-
-    # Buffers
-    info_bytes: int = 1 << 16
-    """Shared-memory bytes per worker and slot for the (encoded) infos of one step; only non-empty infos use it."""
-
-    def __post_init__(self) -> None:
-        if self.num_workers is not None and self.num_workers < 1:
-            raise ConfigError(f"ColocatedConfig.num_workers must be >= 1 or None, got {self.num_workers}")
-        if self.on_env_error not in ("raise", "restart"):
-            raise ConfigError(f"ColocatedConfig.on_env_error must be 'raise' or 'restart', got {self.on_env_error!r}")
-        if self.on_worker_failure not in ("restart", "raise"):
-            raise ConfigError(
-                f"ColocatedConfig.on_worker_failure must be 'restart' or 'raise', got {self.on_worker_failure!r}"
-            )
-        for name in ("worker_spin_us", "parent_spin_us"):
-            if getattr(self, name) is not None and getattr(self, name) < 0:
-                raise ConfigError(f"ColocatedConfig.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("step_timeout_s", "start_timeout_s", "close_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"ColocatedConfig.{name} must be > 0 seconds, got {getattr(self, name)}")
-        if self.info_bytes < 1024:
-            raise ConfigError(f"ColocatedConfig.info_bytes must be >= 1024, got {self.info_bytes}")
-
-
-@dataclass(kw_only=True)
-class PoolCounters:
-    """What the pool's fault isolation has done so far (read `pool.counters`)."""
-
-    worker_restarts: int = 0
-    """Workers replaced for any reason."""
-    worker_crashes: int = 0
-    """Workers found dead while stepping."""
-    worker_timeouts: int = 0
-    """Workers that did not finish a step within step_timeout_s."""
-    env_errors: int = 0
-    """Steps in which an env raised."""
-    dropped_episodes: int = 0
-    """Episodes cut short by a restart (one per env of each restarted worker)."""
-
-
-def spin_times_us(config: ColocatedConfig, num_workers: int) -> tuple[float, float]:
-    """The (worker, parent) spin times in microseconds that `config` asks for on this host.
-
-    Spinning only pays when the spinner has a core of its own: on the 2-core host with 2 workers and the
-    parent, blocking at once measured 32k vs 18k steps/s (2x1 CartPole) and 95k vs 83k (2x32) under load.
-    """
-    spare = (os.cpu_count() or 1) >= num_workers + 2
-    worker = config.worker_spin_us if config.worker_spin_us is not None else (100.0 if spare else 0.0)
-    parent = config.parent_spin_us if config.parent_spin_us is not None else (50.0 if spare else 0.0)
-    return worker, parent
 
 
 def _impl() -> Any:
@@ -161,11 +94,12 @@ class _LazyPoolType(type):
 class SharedMemoryVectorEnv(metaclass=_LazyPoolType):
     """A `gymnasium.vector.VectorEnv` whose envs step in worker processes, exchanging data in shared memory.
 
-    A drop-in for ``AsyncVectorEnv(env_fns, shared_memory=True)``: same reset/step/close semantics, batched
-    spaces, ``reset(seed=int|list, options={"reset_mask": ...})``, autoreset modes NEXT_STEP and SAME_STEP (see
-    the module docstring of `cloud._colocated`), info conventions, `call`/`get_attr`/`set_attr`, plus
-    `step_async`/`step_wait(timeout)` and `reset_async`/`reset_wait(timeout)`. Observations and actions must
-    be Box, Discrete, MultiDiscrete or MultiBinary.
+    A drop-in for ``gymnasium.vector.AsyncVectorEnv``, with its constructor arguments: same reset/step/close
+    semantics, batched spaces, ``reset(seed=int|list, options={"reset_mask": ...})``, autoreset modes
+    NEXT_STEP, SAME_STEP and DISABLED (see the module docstring of `cloud._colocated`), info conventions,
+    `call`/`get_attr`/`set_attr`/`render`, `step_async`/`step_wait(timeout)`, `reset_async`/`reset_wait(timeout)`
+    and gymnasium's error types. Fixed-shape Box, Discrete, MultiDiscrete and MultiBinary spaces take the fast
+    path described here; the module docstring says how other spaces travel.
 
     Unlike AsyncVectorEnv there is no pipe message per step: observations, actions, rewards, flags and final
     observations live in one 64-byte-aligned shared-memory segment, and workers and parent signal each other
@@ -188,12 +122,19 @@ class SharedMemoryVectorEnv(metaclass=_LazyPoolType):
     worker, or vector envs, whole workers alternate (worker w is in half w % 2).
 
     Args:
-        env_fns: One factory per env (split contiguously over the workers). Exclusive with `vector_env_fns`.
+        env_fns: One factory per env (split contiguously and as evenly as possible over the workers; cloudpickled,
+            so lambdas work with every start method). Exclusive with `vector_env_fns`.
+        shared_memory: False carries observations over the pipe (any space), as AsyncVectorEnv does.
+        copy: Return copies of the observations from `step`/`reset` (True) or a view of shared memory.
+        context: multiprocessing start method (fork, forkserver, spawn); or set ``ColocatedConfig.context``.
+        daemon: Start the workers as daemon processes (AsyncVectorEnv's meaning).
+        worker: AsyncVectorEnv's custom worker function: not supported, anything but None is refused.
+        observation_mode: ``"same"``, ``"different"`` or (batched space, single space), as AsyncVectorEnv.
+        autoreset_mode: ``"NextStep"`` (default), ``"SameStep"`` or ``"Disabled"`` (or the AutoresetMode members).
+        max_concurrency: At most this many envs in ``reset``/``step`` at once over all workers (None: no limit).
         vector_env_fns: One factory per worker, each returning a gymnasium VectorEnv (e.g. ``gymnasium.make_vec(
             id, num_envs=K, vectorization_mode="vector_entry_point")``); its autoreset mode must match.
         config: `ColocatedConfig` (workers, spin times, timeouts, fault policy).
-        autoreset_mode: ``"NextStep"`` (default) or ``"SameStep"`` (or the AutoresetMode members).
-        copy: Return copies of the observations from `step`/`reset` (True) or a view of shared memory.
         worker_policy: Optional factory, run in each worker, of a function obs[k, ...] -> actions[k, ...]; enables
             `act_step`, where the workers choose actions themselves (per-worker inference).
 

@@ -7,14 +7,23 @@
                ├── UnsupportedSpaceError   a space that has no fixed-shape numpy layout in shared memory
                ├── EnvWorkerError          an env raised inside a worker (carries env_index and the traceback)
                ├── WorkerFailedError       a worker process crashed or hung past its timeout
+               │    └── WorkerTimeoutError  ... past the caller's *_wait timeout (a multiprocessing.TimeoutError)
                └── InfoEncodingError       an env info value that cannot cross the pool's pickle-free info channel
           └── HybridError                 hybrid units disagree or lost each other (cloud/hybrid/)
+
+The pool is a drop-in for gymnasium's AsyncVectorEnv, so `cloud._pool_errors` (loaded with the pool, as it
+imports gymnasium) adds subclasses that are also gymnasium's error types: `PoolClosedError`
+(ClosedEnvironmentError), `NoPendingCallError` (NoAsyncCallError), `PendingCallError` (AlreadyPendingCallError),
+each a `PoolStateError`; and an env's exception is re-raised as an `EnvWorkerError` that is also an instance of
+the env's own exception type.
 
 Other cloud modules add their own subclasses of `CloudError` here. Messages name the call, the bad value
 and the fix.
 """
 
 from __future__ import annotations
+
+import multiprocessing
 
 from device import StrataError
 
@@ -61,6 +70,10 @@ class WorkerFailedError(ColocatedError):
     def __init__(self, message: str, *, worker_index: int) -> None:
         super().__init__(message)
         self.worker_index = worker_index
+
+
+class WorkerTimeoutError(WorkerFailedError, multiprocessing.TimeoutError):
+    """A worker did not answer within the timeout the caller passed to a ``*_wait`` call (it was restarted)."""
 
 
 class InfoEncodingError(ColocatedError, TypeError):

@@ -1,58 +1,87 @@
-"""The shared-memory env worker pool behind `cloud.SharedMemoryVectorEnv` (imports gymnasium; loaded lazily).
+"""The parent side of `cloud.SharedMemoryVectorEnv` (imports gymnasium; loaded lazily): a gymnasium VectorEnv.
 
-Pipeline of one step, per worker process (W workers, K envs each, N = W*K):
+Pipeline of one step, W workers with K_w envs each (the envs split as evenly as the worker count allows):
 
     parent: write actions into shm ─> bump cmd_seq[w, slot] ─> post cmd_sem[w]
-    worker: spin-then-block (Spinner) on cmd_sem[w] ─> step its envs of `slot` ─> write obs/reward/flags (and
-            encoded infos only if an env returned a non-empty info) ─> done_seq[w, slot] = seq ─> post done_sem[w][slot]
+    worker: spin-then-block (`cloud._pool_spin.Spinner`) on cmd_sem[w] ─> step its envs of `slot` ─> write
+            obs/reward/flags (and encoded infos only if an env returned a non-empty info) ─> done_seq[w, slot]
+            = seq ─> post done_sem[w][slot]   (the worker side lives in `cloud._pool_worker`)
     parent: spin-then-block on done_sem[w][slot] (slicing the block to check liveness and the timeout)
 
 A slot is half 0, half 1 or all envs: the halves let the learner run the policy on one half while the
-workers step the other (`step_half_async` / `step_half_wait`). Semaphores are counters shared by the two
-processes: an uncontended post or try-acquire is an atomic instruction in user space (no system call, no
-message); a blocked waiter costs one futex wake. Control (reset, call, get_attr, set_attr, close, the
-restart handshake) goes over a pipe per worker and is never on the step path.
+workers step the other (`step_half_async` / `step_half_wait`). Control (reset, call, get_attr, set_attr, close,
+the restart handshake) goes over a pipe per worker and is never on the step path. Fixed-shape Box, Discrete,
+MultiDiscrete and MultiBinary spaces use the path above; other spaces and ``shared_memory=False`` use the
+slower carriers described in `cloud._pool_worker`.
+
+Call states (gymnasium's errors): a ``*_wait`` without its ``*_async`` raises `NoPendingCallError`
+(NoAsyncCallError), a call while another is in flight `PendingCallError` (AlreadyPendingCallError), any call
+after `close` `PoolClosedError` (ClosedEnvironmentError), an expired ``timeout`` `WorkerTimeoutError`
+(multiprocessing.TimeoutError).
 
 Worker states (parent side, `WorkerState`): STARTING -> READY -> (STEPPING <-> READY) -> CLOSED, with FAILED
 -> STARTING when a worker crashes, hangs past `step_timeout_s`, or (with ``on_env_error="restart"``) an env
 raises. A restarted worker builds fresh envs; each of its envs answers its next step with the dropped
-episode's truncation (see `SharedMemoryVectorEnv` for exactly what is returned).
+episode's truncation (see `cloud._colocated` for exactly what is returned).
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import multiprocessing as mp
 import os
-import signal
 import time
-import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from copy import deepcopy
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Semaphore
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.error import CustomSpaceError
 from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_space
+from gymnasium.vector.utils import (
+    batch_differing_spaces,
+    batch_space,
+    concatenate,
+    create_empty_array,
+    create_shared_memory,
+    iterate,
+    read_from_shared_memory,
+)
 
-from cloud._colocated import ColocatedConfig, PoolCounters, spin_times_us
-from cloud._errors import EnvWorkerError, PoolStateError, UnsupportedSpaceError, WorkerFailedError
-from cloud._infocodec import decode_info, encode_info
-from cloud._shm import ShmArena, ShmLayout, attach
+from cloud._errors import PoolStateError, WorkerFailedError, WorkerTimeoutError
+from cloud._infocodec import decode_info
+from cloud._pool_config import ColocatedConfig, PoolCounters, spin_times_us
+from cloud._pool_errors import NoPendingCallError, PendingCallError, PoolClosedError, remote_error
+from cloud._pool_spin import Spinner, reached
+from cloud._pool_worker import (
+    ACT_PIPE,
+    ACT_POLICY,
+    ACT_SHM,
+    ALL,
+    ERROR,
+    HALF0,
+    HALF1,
+    SLOTS,
+    EnvFn,
+    VectorEnvFn,
+    WorkerSpec,
+    worker_main,
+)
+from cloud._shm import ShmArena
 
 log = logging.getLogger(__name__)
+# gymnasium's wrapper that cloudpickles what it holds (typed for env factories only; the pool wraps its specs too).
+_Cloudpickled: Any = gym.vector.utils.CloudpickleWrapper
 
-HALF0, HALF1, ALL = 0, 1, 2
-SLOTS = 3
-_OK, _ERROR = 0, 1
-EnvFn = Callable[[], gym.Env]
-VectorEnvFn = Callable[[], VectorEnv]
-StepResult = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
+StepResult = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
+_FIXED = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
 
 class WorkerState(enum.Enum):
@@ -65,366 +94,17 @@ class WorkerState(enum.Enum):
     CLOSED = "closed"
 
 
-class Spinner:
-    """Spin-then-block waits on a semaphore whose poster first bumps a shared counter, with adaptive spinning.
-
-    `wait` polls `ready` (the counter; ~0.1 us a poll, against several times that for a try-acquire) for up to
-    `spin_s`, yielding the CPU between polls, then blocks on the semaphore. The poster always writes its
-    counter and then posts, so once `ready` is seen the post is a few instructions away and taking it does
-    not sleep. Measured on the 2-core host: spinning without yielding lets three processes steal each other's
-    time slices (1 ms of it drops 2x1 CartPole from ~40k to ~1k steps/s); yielding keeps ~46k on a quiet
-    machine, but on a loaded one a yield hands the core to another process for a whole time slice, and a
-    plain futex block (woken with the scheduler's wake-up preference) is faster. So the spinner stops
-    spinning after `misses` waits in a row that outlast the spin, for the next `pause` waits, then tries again.
-    """
-
-    def __init__(self, spin_s: float, *, misses: int = 4, pause: int = 256) -> None:
-        self.spin_s = spin_s
-        self._limit, self._pause = misses, pause
-        self._misses = 0
-        self._skip = 0
-
-    def wait(self, sem: Semaphore, ready: Callable[[], bool], block_s: float) -> bool:
-        """Take one post of `sem`; False if nothing was posted within `block_s` after the spin."""
-        if ready() or self.spin_s <= 0:
-            return sem.acquire(True, block_s)
-        if self._skip:
-            self._skip -= 1
-            return sem.acquire(True, block_s)
-        deadline = time.perf_counter() + self.spin_s
-        while True:
-            os.sched_yield()
-            seen = ready()
-            if time.perf_counter() > deadline:
-                break  # seen or not, this wait outlasted the spin (a yield can cost a whole time slice)
-            if seen:
-                self._misses = 0
-                return sem.acquire(True, block_s)
-        self._misses += 1
-        if self._misses >= self._limit:
-            self._misses, self._skip = 0, self._pause
-        return sem.acquire(True, block_s)
+def _array_layout(space: gym.Space[Any] | None, n: int) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """Shape and dtype of `n` batched values of a fixed-shape `space` (a 1-byte placeholder for other carriers)."""
+    if space is None:
+        return (n, 1), np.dtype(np.uint8)
+    return (n, *tuple(space.shape or ())), np.dtype(batch_space(space, n).dtype)
 
 
-def _reached(row: np.ndarray, slot: int, target: int) -> Callable[[], bool]:
-    """A `ready` test for `Spinner.wait`: has the worker's done counter for `slot` reached `target`?"""
-    return lambda: bool(row[slot] >= target)
-
-
-def _array_layout(space: gym.Space[Any], n: int, what: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
-    """Shape and dtype of `n` batched values of `space`, or raise for spaces without a fixed numpy layout."""
-    if not isinstance(space, spaces.Box | spaces.Discrete | spaces.MultiDiscrete | spaces.MultiBinary):
-        raise UnsupportedSpaceError(
-            f"SharedMemoryVectorEnv: the {what} space {space} has no fixed-shape numpy layout; use Box, Discrete, "
-            "MultiDiscrete or MultiBinary (flatten Dict/Tuple spaces with gymnasium.wrappers.FlattenObservation), "
-            "or gymnasium.vector.AsyncVectorEnv for this env"
-        )
-    batched = batch_space(space, n)
-    return (n, *tuple(space.shape or ())), np.dtype(batched.dtype)
-
-
-@dataclass(frozen=True, kw_only=True)
-class _WorkerSpec:
-    """Everything one worker process needs to start (picklable when the env factories are)."""
-
-    index: int
-    base: int
-    num_envs: int
-    env_fns: Sequence[EnvFn] | None
-    vector_fn: VectorEnvFn | None
-    slot_envs: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
-    autoreset_mode: str
-    spin_s: float
-    info_bytes: int
-    fresh: bool
-    start_done: tuple[int, int, int]
-    start_ctrl: int
-    parent_pid: int
-    policy_fn: Callable[[], Callable[[np.ndarray], np.ndarray]] | None
-
-
-class _EnvRunner:
-    """A worker's envs and the shared arrays it writes; one `step(slot)` per command."""
-
-    def __init__(self, spec: _WorkerSpec, arrays: dict[str, np.ndarray]) -> None:
-        self.spec = spec
-        self.mode = AutoresetMode(spec.autoreset_mode)
-        w = spec.index
-        self.obs, self.final_obs, self.actions = arrays["obs"], arrays["final_obs"], arrays["actions"]
-        self.rewards, self.terminated, self.truncated = arrays["rewards"], arrays["terminated"], arrays["truncated"]
-        self.has_final = arrays["has_final"]
-        self.info_len, self.info_buf, self.status = arrays["info_len"][w], arrays["info_buf"][w], arrays["status"][w]
-        self.cmd_kind = arrays["cmd_kind"][w]
-        self.envs: list[gym.Env] = [fn() for fn in spec.env_fns] if spec.env_fns is not None else []
-        self.vec: VectorEnv | None = spec.vector_fn() if spec.vector_fn is not None else None
-        k = spec.num_envs
-        # NEXT_STEP: this env's previous step ended an episode, so its next step is a reset.
-        self.autoreset = [False] * k
-        # After a restart: the next step of this env reports the dropped episode as truncated.
-        self.pending_trunc = [spec.fresh] * k
-        self.policy = spec.policy_fn() if spec.policy_fn is not None else None
-        self.current_env = -1
-
-    # -- the hot path ---------------------------------------------------------------------------------------
-
-    def step(self, slot: int) -> None:
-        """Step the envs of `slot`; write results and infos to shared memory (an env exception as an error record)."""
-        local = self.spec.slot_envs[slot]
-        try:
-            if self.cmd_kind[slot] == 1 and self.policy is not None:
-                self._act(local)
-            records = self._step_vector(local) if self.vec is not None else self._step_envs(local)
-            self._write_blob(slot, records)
-            self.status[slot] = _OK
-        except Exception as exc:
-            env_index = self.current_env
-            self._write_blob(slot, (env_index, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-            self.status[slot] = _ERROR
-
-    def _act(self, local: tuple[int, ...]) -> None:
-        assert self.policy is not None
-        idx = np.asarray(local, dtype=np.intp) + self.spec.base
-        self.actions[idx] = self.policy(self.obs[idx])
-
-    def _step_envs(self, local: tuple[int, ...]) -> Any:
-        # Results go to Python lists and are written to shared memory in one slice assignment per array:
-        # per-element numpy writes cost more than the CartPole step itself.
-        if not local:
-            return []
-        base, same_step = self.spec.base, self.mode == AutoresetMode.SAME_STEP
-        lo = base + local[0]
-        sl = slice(lo, lo + len(local))
-        actions = self.actions[sl].copy()
-        autoreset, pending = self.autoreset, self.pending_trunc
-        records: list[tuple[int, dict[str, Any], dict[str, Any] | None]] = []
-        obs_list: list[Any] = []
-        rew_list: list[Any] = []
-        term_list: list[Any] = []
-        trunc_list: list[Any] = []
-        finals: list[int] = []
-        for i, j in enumerate(local):
-            g = base + j
-            self.current_env = g
-            env = self.envs[j]
-            if pending[j]:
-                obs_list.append(self._dropped(j, g, records))
-                rew_list.append(0.0)
-                term_list.append(False)
-                trunc_list.append(True)
-                if same_step:
-                    finals.append(g)
-                continue
-            reward: Any
-            if not same_step and autoreset[j]:
-                obs, info = env.reset()
-                reward, term, trunc = 0.0, False, False
-            else:
-                obs, reward, term, trunc, info = env.step(actions[i])
-            if same_step and (term or trunc):
-                self.final_obs[g] = obs
-                final_info = info
-                obs, info = env.reset()
-                finals.append(g)
-                if info or final_info:
-                    records.append((g, info, final_info))
-            elif info:
-                records.append((g, info, None))
-            obs_list.append(obs)
-            rew_list.append(reward)
-            term_list.append(term)
-            trunc_list.append(trunc)
-            autoreset[j] = term or trunc
-        self.obs[sl] = obs_list
-        self.rewards[sl] = rew_list
-        self.terminated[sl] = term_list
-        self.truncated[sl] = trunc_list
-        if same_step:
-            has_final = self.has_final
-            has_final[sl] = False
-            if finals:
-                has_final[finals] = True
-        return records
-
-    def _dropped(self, j: int, g: int, records: list[tuple[int, dict[str, Any], dict[str, Any] | None]]) -> Any:
-        """The first step of env `j` after a restart: the dropped episode, truncated (see cloud._colocated)."""
-        self.pending_trunc[j] = False
-        if self.mode == AutoresetMode.SAME_STEP:
-            self.final_obs[g] = self.obs[g]
-            obs, info = self.envs[j].reset()
-            records.append((g, {**info, "worker_restarted": True}, {}))
-            return obs
-        self.autoreset[j] = True
-        records.append((g, {"worker_restarted": True}, None))
-        return self.obs[g].copy()
-
-    def _step_vector(self, local: tuple[int, ...]) -> Any:
-        assert self.vec is not None
-        base, k = self.spec.base, self.spec.num_envs
-        if not local:
-            return []
-        sl = slice(base, base + k)
-        self.current_env = base
-        if any(self.pending_trunc):
-            self.pending_trunc = [False] * k
-            self.rewards[sl], self.terminated[sl], self.truncated[sl] = 0.0, False, True
-            if self.mode == AutoresetMode.SAME_STEP:
-                self.final_obs[sl] = self.obs[sl]
-                self.obs[sl], info = self.vec.reset()
-                self.has_final[sl] = True
-                return [(base + j, {"worker_restarted": True}, {}) for j in range(k)]
-            self.autoreset = [True] * k
-            self.has_final[sl] = False
-            return [(base + j, {"worker_restarted": True}, None) for j in range(k)]
-        if all(self.autoreset):
-            # The inner vector env was never reset (fresh after a restart in NEXT_STEP mode).
-            self.autoreset = [False] * k
-            obs, info = self.vec.reset()
-            reward, term, trunc = 0.0, False, False
-        else:
-            obs, reward, term, trunc, info = self.vec.step(self.actions[sl])
-        self.obs[sl], self.rewards[sl], self.terminated[sl], self.truncated[sl] = obs, reward, term, trunc
-        self.has_final[sl] = False
-        return [("vec", base, info)] if info else []
-
-    def _write_blob(self, slot: int, payload: Any) -> None:
-        if not payload:
-            self.info_len[slot] = 0
-            return
-        data = encode_info(payload)
-        if len(data) > self.spec.info_bytes:
-            raise ValueError(
-                f"SharedMemoryVectorEnv worker {self.spec.index}: the infos of one step encode to {len(data)} bytes, "
-                f"more than ColocatedConfig(info_bytes={self.spec.info_bytes}); raise info_bytes"
-            )
-        self.info_buf[slot, : len(data)] = np.frombuffer(data, dtype=np.uint8)
-        self.info_len[slot] = len(data)
-
-    # -- control (over the pipe) ----------------------------------------------------------------------------
-
-    def control(self, msg: tuple[Any, ...]) -> Any:
-        """Run one control command and return its picklable result."""
-        kind = msg[0]
-        if kind == "reset":
-            return self._reset(msg[1], msg[2], msg[3])
-        if kind == "call":
-            _, name, args, kwargs = msg
-            targets: list[Any] = [self.vec] if self.vec is not None else self.envs
-            out = []
-            for i, env in enumerate(targets):
-                self.current_env = self.spec.base + i
-                attr = env.get_wrapper_attr(name) if isinstance(env, gym.Env) else getattr(env, name)
-                out.append(attr(*args, **kwargs) if callable(attr) else attr)
-            return out
-        if kind == "set_attr":
-            _, name, values = msg
-            targets = [self.vec] if self.vec is not None else self.envs
-            for i, (env, value) in enumerate(zip(targets, values, strict=True)):
-                self.current_env = self.spec.base + i
-                if isinstance(env, gym.Env):
-                    env.set_wrapper_attr(name, value)
-                else:
-                    setattr(env, name, value)
-            return None
-        raise ValueError(f"unknown control command {kind!r}")
-
-    def _reset(self, seeds: list[int | None], options: dict[str, Any] | None, mask: list[bool] | None) -> Any:
-        base = self.spec.base
-        if self.vec is not None:
-            self.current_env = base
-            obs, info = self.vec.reset(seed=seeds[0], options=options)
-            sl = slice(base, base + self.spec.num_envs)
-            self.obs[sl] = obs
-            self.autoreset = [False] * self.spec.num_envs
-            self.pending_trunc = [False] * self.spec.num_envs
-            return [("vec", base, info)] if info else []
-        records = []
-        for j, env in enumerate(self.envs):
-            if mask is not None and not mask[j]:
-                continue
-            self.current_env = base + j
-            obs, info = env.reset(seed=seeds[j], options=options)
-            self.obs[base + j] = obs
-            self.autoreset[j] = False
-            self.pending_trunc[j] = False
-            if info:
-                records.append((base + j, info, None))
-        return records
-
-    def close(self) -> None:
-        """Close every env, ignoring their errors (the worker is going away)."""
-        closing: list[Any] = [*self.envs, *([self.vec] if self.vec is not None else [])]
-        for env in closing:
-            try:
-                env.close()
-            except Exception:
-                log.debug("env close failed in worker %d", self.spec.index, exc_info=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _worker_main(
-    spec: _WorkerSpec,
-    layout: ShmLayout,
-    inherited: ShmArena | None,
-    pipe: Connection,
-    cmd_sem: Semaphore,
-    done_sems: tuple[Semaphore, Semaphore, Semaphore],
-) -> None:
-    """Entry point of a worker process: build envs, then serve step commands and control messages."""
-    # SIGINT goes to the whole process group on Ctrl-C; the parent decides when its workers stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    arrays = attach(layout, inherited)
-    try:
-        runner = _EnvRunner(spec, arrays)
-    except Exception as exc:
-        pipe.send(("error", (spec.base, f"{type(exc).__name__}: {exc}", traceback.format_exc())))
-        return
-    pipe.send(("ok", None))
-    w = spec.index
-    cmd_seq, done_seq, ctrl_seq = arrays["cmd_seq"][w], arrays["done_seq"][w], arrays["ctrl_seq"]
-    last = list(spec.start_done)
-    last_ctrl = spec.start_ctrl
-    spinner = Spinner(spec.spin_s)
-    row = cmd_seq
-
-    def ready() -> bool:
-        return bool(ctrl_seq[w] != last_ctrl or row[0] != last[0] or row[1] != last[1] or row[2] != last[2])
-
-    try:
-        while True:
-            if not spinner.wait(cmd_sem, ready, 1.0):
-                if not _alive(spec.parent_pid):
-                    return  # the parent is gone: nothing will read our results
-                continue
-            if ctrl_seq[w] != last_ctrl:
-                last_ctrl = int(ctrl_seq[w])
-                msg = pipe.recv()
-                if msg[0] == "close":
-                    runner.close()
-                    pipe.send(("ok", None))
-                    return
-                try:
-                    pipe.send(("ok", runner.control(msg)))
-                except Exception as exc:
-                    pipe.send(("error", (runner.current_env, f"{type(exc).__name__}: {exc}", traceback.format_exc())))
-                continue
-            for slot in (HALF0, HALF1, ALL):
-                if cmd_seq[slot] != last[slot]:
-                    last[slot] += 1
-                    runner.step(slot)
-                    done_seq[slot] = last[slot]
-                    done_sems[slot].release()
-                    break
-    except (EOFError, BrokenPipeError, KeyboardInterrupt):
-        return
+def _split(num_envs: int, num_workers: int) -> list[int]:
+    """Envs per worker: as even as possible, the first workers taking one more when it does not divide."""
+    q, r = divmod(num_envs, num_workers)
+    return [q + (1 if w < r else 0) for w in range(num_workers)]
 
 
 @dataclass
@@ -440,6 +120,10 @@ class _Worker:
     cmd_sem: Semaphore | None = None
     done_sems: tuple[Semaphore, Semaphore, Semaphore] | None = None
     state: WorkerState = WorkerState.STARTING
+    pipe_actions: dict[int, list[Any]] = field(default_factory=dict)
+    """Actions of an in-flight command that went over the pipe, by slot (re-sent if the worker is restarted)."""
+    outs: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+    """Step results that arrived over the pipe for a slot not being collected yet."""
 
 
 class SharedMemoryVectorEnv(VectorEnv):
@@ -448,62 +132,112 @@ class SharedMemoryVectorEnv(VectorEnv):
     def __init__(
         self,
         env_fns: Sequence[EnvFn] | None = None,
+        shared_memory: bool = True,
+        copy: bool = True,
+        context: str | None = None,
+        daemon: bool = True,
+        worker: Callable[..., None] | None = None,
+        observation_mode: str | tuple[gym.Space[Any], gym.Space[Any]] = "same",
+        autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+        max_concurrency: int | None = None,
         *,
         vector_env_fns: Sequence[VectorEnvFn] | None = None,
         config: ColocatedConfig | None = None,
-        autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
-        copy: bool = True,
         worker_policy: Callable[[], Callable[[np.ndarray], np.ndarray]] | None = None,
     ) -> None:
         self.config = config = config or ColocatedConfig()
+        # Set first: __del__ and close() run even when the checks below raise.
+        self._closed_workers = False
+        self._workers: list[_Worker] = []
+        self._in_flight: dict[int, float] = {}
+        self._pending_control: tuple[str, list[int]] | None = None
+        if worker is not None:
+            raise ValueError(
+                "SharedMemoryVectorEnv: a custom `worker` function is not supported (the pool's workers speak "
+                "shared memory, not AsyncVectorEnv's pipe protocol); use gymnasium.vector.AsyncVectorEnv for it"
+            )
         if (env_fns is None) == (vector_env_fns is None):
             raise ValueError(
                 "SharedMemoryVectorEnv: pass exactly one of env_fns (one factory per env) or vector_env_fns "
                 "(one factory per worker, each returning a gymnasium VectorEnv)"
             )
-        self.autoreset_mode = AutoresetMode(autoreset_mode)
-        if self.autoreset_mode == AutoresetMode.DISABLED:
+        if max_concurrency is not None:
+            if not isinstance(max_concurrency, int | np.integer):
+                raise ValueError(f"`max_concurrency` must be an integer or None, got {type(max_concurrency)}.")
+            if max_concurrency < 1:
+                raise ValueError(f"`max_concurrency` must be a positive or None, got {max_concurrency}.")
+        if context is not None and config.context is not None and context != config.context:
             raise ValueError(
-                "SharedMemoryVectorEnv: autoreset_mode=DISABLED is not supported; "
-                "use NEXT_STEP (the default) or SAME_STEP"
+                f"SharedMemoryVectorEnv: context={context!r} but ColocatedConfig(context={config.context!r}); "
+                "give the start method once"
             )
-        self.copy = copy
+        self.autoreset_mode = AutoresetMode(autoreset_mode)
+        self.shared_memory, self.copy, self.daemon = shared_memory, copy, daemon
+        self.context = context or config.context
+        self.max_concurrency = max_concurrency
+        self.observation_mode = observation_mode
         self._same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
         self.counters = PoolCounters()
         self._worker_policy = worker_policy
-        self._closed_workers = False
-        self._ctx: Any = mp.get_context(config.context)
-        self._in_flight: dict[int, float] = {}
-        self._pending_control: list[int] | None = None
+        self._ctx: Any = mp.get_context(self.context)
+        self._vectorised = vector_env_fns is not None
 
         # Read spaces from one throwaway env in the parent, as AsyncVectorEnv does.
         if env_fns is not None:
             if not env_fns:
                 raise ValueError("SharedMemoryVectorEnv: env_fns is empty; pass at least one env factory")
             num_workers = config.num_workers or min(len(env_fns), os.cpu_count() or 1)
-            if len(env_fns) % num_workers:
+            if num_workers > len(env_fns):
                 raise ValueError(
-                    f"SharedMemoryVectorEnv: len(env_fns)={len(env_fns)} is not a multiple of "
-                    f"num_workers={num_workers}; give every worker the same number of envs"
+                    f"SharedMemoryVectorEnv: num_workers={num_workers} is more than len(env_fns)={len(env_fns)}; "
+                    "give every worker at least one env"
                 )
-            per_worker = len(env_fns) // num_workers
+            sizes = _split(len(env_fns), num_workers)
             dummy = env_fns[0]()
-            self.single_observation_space = dummy.observation_space
-            self.single_action_space = dummy.action_space
             self.metadata = dict(dummy.metadata)
             self.render_mode = dummy.render_mode
             self.spec = dummy.spec
+            self.single_action_space = dummy.action_space
+            n = len(env_fns)
+            if isinstance(observation_mode, tuple) and len(observation_mode) == 2:
+                if not all(isinstance(s, gym.Space) for s in observation_mode):
+                    raise TypeError(
+                        f"Expected both elements of observation_mode to be Spaces, got {type(observation_mode[0])} "
+                        f"and {type(observation_mode[1])}"
+                    )
+                self.observation_space, self.single_observation_space = observation_mode
+            elif observation_mode == "same":
+                self.single_observation_space = dummy.observation_space
+                self.observation_space = batch_space(self.single_observation_space, n)
+            elif observation_mode == "different":
+                env_spaces = []
+                for fn in env_fns:
+                    made = fn()
+                    env_spaces.append(made.observation_space)
+                    made.close()
+                self.single_observation_space = env_spaces[0]
+                self.observation_space = batch_differing_spaces(env_spaces)
+            else:
+                dummy.close()
+                raise ValueError(
+                    "Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and batch "
+                    f"observation space, actual got {observation_mode}"
+                )
             dummy.close()
-            groups: list[tuple[Sequence[EnvFn] | None, VectorEnvFn | None]] = [
-                (list(env_fns[w * per_worker : (w + 1) * per_worker]), None) for w in range(num_workers)
-            ]
+            groups: list[tuple[Sequence[EnvFn] | None, VectorEnvFn | None]] = []
+            start = 0
+            for size in sizes:
+                groups.append(([_Cloudpickled(fn) for fn in env_fns[start : start + size]], None))
+                start += size
         else:
             assert vector_env_fns is not None
             if not vector_env_fns:
                 raise ValueError("SharedMemoryVectorEnv: vector_env_fns is empty; pass one factory per worker")
+            if observation_mode != "same":
+                raise ValueError("SharedMemoryVectorEnv: observation_mode must be 'same' with vector_env_fns")
             num_workers = len(vector_env_fns)
             dummy_vec = vector_env_fns[0]()
-            per_worker = dummy_vec.num_envs
+            sizes = [dummy_vec.num_envs] * num_workers
             self.single_observation_space = dummy_vec.single_observation_space
             self.single_action_space = dummy_vec.single_action_space
             self.metadata = dict(dummy_vec.metadata)
@@ -516,15 +250,37 @@ class SharedMemoryVectorEnv(VectorEnv):
                     f"SharedMemoryVectorEnv: the vector envs in the workers autoreset with {inner_mode}, but "
                     f"autoreset_mode={self.autoreset_mode}; pass autoreset_mode={AutoresetMode(inner_mode).value!r}"
                 )
-            groups = [(None, fn) for fn in vector_env_fns]
-        self.num_envs = n = num_workers * per_worker
+            groups = [(None, _Cloudpickled(fn)) for fn in vector_env_fns]
+            self.observation_space = batch_space(self.single_observation_space, sum(sizes))
+        self.num_envs = n = sum(sizes)
+        self.metadata["autoreset_mode"] = self.autoreset_mode
+        self.action_space = batch_space(self.single_action_space, n)
+        self._carrier = self._pick_carrier()
+        self._act_fixed = isinstance(self.single_action_space, _FIXED)
+        if (self._vectorised or worker_policy is not None) and (self._carrier != "array" or not self._act_fixed):
+            raise ValueError(
+                "SharedMemoryVectorEnv: vector_env_fns and worker_policy need fixed-shape Box, Discrete, "
+                "MultiDiscrete or MultiBinary spaces and shared_memory=True"
+            )
         self._worker_spin_us, parent_spin_us = spin_times_us(config, num_workers)
         self._spinner = Spinner(parent_spin_us * 1e-6)
-        self.metadata["autoreset_mode"] = self.autoreset_mode
-        self.observation_space = batch_space(self.single_observation_space, n)
-        self.action_space = batch_space(self.single_action_space, n)
-        obs_shape, obs_dtype = _array_layout(self.single_observation_space, n, "observation")
-        act_shape, act_dtype = _array_layout(self.single_action_space, n, "action")
+        obs_shape, obs_dtype = _array_layout(self.single_observation_space if self._carrier == "array" else None, n)
+        act_shape, act_dtype = _array_layout(self.single_action_space if self._act_fixed else None, n)
+
+        self._gym_shm: Any = None
+        if self._carrier == "shm":
+            try:
+                self._gym_shm = create_shared_memory(self.single_observation_space, n=n, ctx=cast(Any, self._ctx))
+            except CustomSpaceError as exc:
+                raise ValueError(
+                    "Using `SharedMemoryVectorEnv(..., shared_memory=True)` caused an error (a custom space has no "
+                    "shared-memory layout); pass shared_memory=False for it"
+                ) from exc
+        self._obs_items: list[Any] = [None] * n
+        self._pipe_obs: Any = (
+            create_empty_array(self.single_observation_space, n=n, fn=np.zeros) if self._carrier == "pipe" else None
+        )
+        self._limit = self._ctx.BoundedSemaphore(max_concurrency) if max_concurrency is not None else None
 
         self._arena = ShmArena.create(
             {
@@ -550,16 +306,13 @@ class SharedMemoryVectorEnv(VectorEnv):
         self._has_final, self._cmd_seq, self._done_seq = a["has_final"], a["cmd_seq"], a["done_seq"]
         self._cmd_kind, self._status, self._ctrl_seq = a["cmd_kind"], a["status"], a["ctrl_seq"]
         self._info_len, self._info_buf = a["info_len"], a["info_buf"]
-        # Each worker's blob region is written per slot: give each slot its own view.
-        self._vectorised = vector_env_fns is not None
 
         # Halves: split each worker's envs in two; with one env per worker (or a vector env per worker, which
         # steps all its envs at once) whole workers alternate between the halves instead.
-        self._workers: list[_Worker] = []
         self._groups = groups
         half_of_env = np.zeros(n, dtype=np.int64)
-        for w in range(num_workers):
-            base = w * per_worker
+        base = 0
+        for w, per_worker in enumerate(sizes):
             if per_worker >= 2 and not self._vectorised:
                 h0 = tuple(range(per_worker // 2))
                 h1 = tuple(range(per_worker // 2, per_worker))
@@ -571,30 +324,50 @@ class SharedMemoryVectorEnv(VectorEnv):
             self._workers.append(
                 _Worker(index=w, base=base, num_envs=per_worker, slot_envs=(h0, h1, tuple(range(per_worker))))
             )
+            base += per_worker
         self._half_indices = (np.flatnonzero(half_of_env == 0), np.flatnonzero(half_of_env == 1))
         self._slot_indices = (*self._half_indices, np.arange(n))
+        self._slot_action_spaces = tuple(batch_space(self.single_action_space, len(i)) for i in self._slot_indices)
         self._positions = []
         for idx in self._slot_indices:
             pos = np.full(n, -1, dtype=np.int64)
             pos[idx] = np.arange(len(idx))
             self._positions.append(pos)
-        self._slot_workers = tuple(
-            tuple(wk for wk in self._workers if wk.slot_envs[s]) for s in range(SLOTS)
-        )
+        self._slot_workers = tuple(tuple(wk for wk in self._workers if wk.slot_envs[s]) for s in range(SLOTS))
         try:
             for wk in self._workers:
                 self._start_worker(wk, fresh=False)
-            for wk in self._workers:
-                self._await_ready(wk)
+            checks = [self._await_ready(wk) for wk in self._workers]
         except BaseException:
             self.close(terminate=True)
             raise
+        if not all(obs_ok for obs_ok, _ in checks) or not all(act_ok for _, act_ok in checks):
+            self.close(terminate=True)
+            if not all(obs_ok for obs_ok, _ in checks):
+                raise RuntimeError(
+                    f"SharedMemoryVectorEnv(..., observation_mode={observation_mode!r}): some of the sub-environments' "
+                    "observation spaces are not equivalent to the first one's. If this is intentional, use "
+                    "`observation_mode='different'` instead."
+                    if observation_mode == "same"
+                    else f"SharedMemoryVectorEnv(..., observation_mode={observation_mode!r}): the sub-environments' "
+                    "observation spaces do not share a common shape and dtype."
+                )
+            raise RuntimeError(
+                f"Some environments have an action space different from `{self.single_action_space}`. "
+                "In order to batch actions, the action spaces from all environments must be equal."
+            )
+
+    def _pick_carrier(self) -> str:
+        """How observations travel: 'array' (the fast path), 'shm' (gymnasium's shared memory) or 'pipe'."""
+        if not self.shared_memory:
+            return "pipe"
+        return "array" if isinstance(self.single_observation_space, _FIXED) else "shm"
 
     # -- worker lifecycle -----------------------------------------------------------------------------------
 
     def _start_worker(self, wk: _Worker, *, fresh: bool) -> None:
         env_fns, vector_fn = self._groups[wk.index]
-        spec = _WorkerSpec(
+        spec = WorkerSpec(
             index=wk.index,
             base=wk.base,
             num_envs=wk.num_envs,
@@ -602,6 +375,7 @@ class SharedMemoryVectorEnv(VectorEnv):
             vector_fn=vector_fn,
             slot_envs=wk.slot_envs,
             autoreset_mode=self.autoreset_mode.value,
+            carrier=self._carrier,
             spin_s=self._worker_spin_us * 1e-6,
             info_bytes=self.config.info_bytes,
             fresh=fresh,
@@ -613,27 +387,47 @@ class SharedMemoryVectorEnv(VectorEnv):
             start_ctrl=int(self._ctrl_seq[wk.index]),
             parent_pid=os.getpid(),
             policy_fn=self._worker_policy,
+            observation_mode="same" if self.observation_mode == "same" else "different",
+            single_observation_space=self.single_observation_space,
+            single_action_space=self.single_action_space,
         )
         parent_pipe, child_pipe = self._ctx.Pipe()
         wk.cmd_sem = self._ctx.Semaphore(0)
         wk.done_sems = (self._ctx.Semaphore(0), self._ctx.Semaphore(0), self._ctx.Semaphore(0))
+        wk.outs = {}
         inherited = self._arena if self._ctx.get_start_method() == "fork" else None
-        wk.process = self._ctx.Process(
-            target=_worker_main,
+        process = self._ctx.Process(
+            target=_start,
             name=f"strata-colocated-{wk.index}",
-            args=(spec, self._arena.layout, inherited, child_pipe, wk.cmd_sem, wk.done_sems),
-            daemon=True,
+            # The spec holds the env factories: cloudpickle them (as AsyncVectorEnv does) so lambdas and
+            # closures survive the spawn and forkserver start methods.
+            args=(
+                _Cloudpickled(spec),
+                self._arena.layout,
+                inherited,
+                child_pipe,
+                wk.cmd_sem,
+                wk.done_sems,
+                self._gym_shm,
+                self._limit,
+            ),
+            daemon=self.daemon,
         )
-        wk.process.start()
-        child_pipe.close()
+        wk.process = process
+        try:
+            process.start()
+        finally:
+            child_pipe.close()
         wk.pipe = parent_pipe
         wk.state = WorkerState.STARTING
 
-    def _await_ready(self, wk: _Worker) -> None:
+    def _await_ready(self, wk: _Worker) -> tuple[bool, bool]:
         status, payload = self._recv(wk, self.config.start_timeout_s, "start")
         if status != "ok":
-            self._raise_env_error(wk, payload, "creating its envs")
+            self._raise_env_errors(wk, payload, "creating its envs")
         wk.state = WorkerState.READY
+        obs_ok, act_ok = payload
+        return bool(obs_ok), bool(act_ok)
 
     def _recv(self, wk: _Worker, timeout_s: float, what: str) -> tuple[str, Any]:
         assert wk.pipe is not None
@@ -659,21 +453,29 @@ class SharedMemoryVectorEnv(VectorEnv):
             ) from exc
         return msg
 
-    def _raise_env_error(self, wk: _Worker, payload: Any, during: str) -> None:
-        env_index, summary, tb = payload
-        raise EnvWorkerError(
+    def _raise_env_errors(self, wk: _Worker, records: list[Any], during: str) -> None:
+        """Log every env error as AsyncVectorEnv does, then raise the last one as the env's own exception type."""
+        for env_index, _summary, tb, *_ in records:
+            gym.logger.error(f"Received the following error from Worker-{env_index} - Shutting it down")
+            gym.logger.error(f"{tb}")
+        gym.logger.error("Raising the last exception back to the main process.")
+        env_index, summary, tb, type_module, type_name = records[-1]
+        raise remote_error(
             f"SharedMemoryVectorEnv: env {env_index} (worker {wk.index}) raised while {during}: {summary}\n"
             f"--- worker traceback ---\n{tb}",
             env_index=int(env_index),
             worker_index=wk.index,
             remote_traceback=tb,
+            type_module=type_module,
+            type_name=type_name,
         )
 
     def _kill(self, wk: _Worker) -> None:
-        if wk.process is not None and wk.process.exitcode is None:
-            wk.process.kill()
-        if wk.process is not None:
-            wk.process.join(5)
+        process = wk.process
+        if process is not None and process.pid is not None:  # a process whose start failed has no pid
+            if process.exitcode is None:
+                process.kill()
+            process.join(5)
         if wk.pipe is not None:
             wk.pipe.close()
             wk.pipe = None
@@ -694,71 +496,114 @@ class SharedMemoryVectorEnv(VectorEnv):
             self._done_seq[w, abandon] = self._cmd_seq[w, abandon]
         self._start_worker(wk, fresh=True)
         self._await_ready(wk)
-        assert wk.cmd_sem is not None
-        for _ in range(int((self._cmd_seq[w] - self._done_seq[w]).sum())):
-            wk.cmd_sem.release()
+        assert wk.cmd_sem is not None and wk.pipe is not None
+        for slot in range(SLOTS):
+            if self._cmd_seq[w, slot] > self._done_seq[w, slot]:
+                if self._cmd_kind[w, slot] == ACT_PIPE:
+                    wk.pipe.send(("act", slot, wk.pipe_actions[slot]))
+                wk.cmd_sem.release()
 
     # -- stepping -------------------------------------------------------------------------------------------
 
-    def _assert_open(self, what: str) -> None:
+    def _assert_open(self) -> None:
         if self.closed or self._closed_workers:
-            raise PoolStateError(f"SharedMemoryVectorEnv.{what}: the pool is closed; create a new one")
+            raise PoolClosedError(f"Trying to operate on `{type(self).__name__}`, after a call to `close()`.")
+
+    def _assert_idle(self, what: str) -> None:
+        """Refuse a control call while a step or another call is in flight (AlreadyPendingCallError)."""
+        pending = "step" if self._in_flight else self._pending_control[0] if self._pending_control else None
+        if pending is not None:
+            raise PendingCallError(
+                f"Calling `{what}` while waiting for a pending call to `{pending}` to complete.", pending
+            )
 
     def _issue(self, slot: int, actions: Any, kind: int, what: str) -> None:
-        self._assert_open(what)
+        self._assert_open()
         if self._pending_control is not None:
-            raise PoolStateError(f"SharedMemoryVectorEnv.{what}: a control call is pending; wait for it first")
+            pending = self._pending_control[0]
+            raise PendingCallError(
+                f"Calling `{what}` while waiting for a pending call to `{pending}` to complete.", pending
+            )
         busy = [s for s in self._in_flight if slot == ALL or s in (slot, ALL)]
         if busy:
-            raise PoolStateError(
-                f"SharedMemoryVectorEnv.{what}: slot {('half 0', 'half 1', 'all envs')[busy[0]]} is already "
-                f"stepping; call the matching *_wait first"
+            raise PendingCallError(
+                f"Calling `{what}` while waiting for a pending call to `step` to complete "
+                f"({('half 0', 'half 1', 'all envs')[busy[0]]} is stepping; call the matching *_wait first).",
+                "step",
             )
         idx = self._slot_indices[slot]
-        if kind == 0:
-            if slot == ALL:
+        per_env: list[Any] | None = None
+        if kind == ACT_SHM:
+            if self._act_fixed:
                 acts = np.asarray(actions)
-                if acts.shape != self._actions.shape:
+                want = (len(idx), *self._actions.shape[1:])
+                if acts.shape != want:
                     raise ValueError(
-                        f"SharedMemoryVectorEnv.{what}: actions must have shape {self._actions.shape} "
-                        f"(action_space.shape) but got {acts.shape}"
+                        f"SharedMemoryVectorEnv.{what}: actions must have shape {want} "
+                        f"({'action_space.shape' if slot == ALL else f'half_indices({slot})'}) but got {acts.shape}"
                     )
-                self._actions[...] = acts
+                if acts.dtype == self._actions.dtype or np.can_cast(acts.dtype, self._actions.dtype, "safe"):
+                    if slot == ALL:
+                        self._actions[...] = acts
+                    else:
+                        self._actions[idx] = acts
+                else:
+                    # Writing these into the action array would change them (0.7 -> 0 for a Discrete space):
+                    # hand each env its action unchanged, over the pipe, as AsyncVectorEnv does.
+                    per_env, kind = list(acts), ACT_PIPE
             else:
-                acts = np.asarray(actions)
-                if len(acts) != len(idx):
+                per_env, kind = list(iterate(self._slot_action_spaces[slot], actions)), ACT_PIPE
+                if len(per_env) != len(idx):
                     raise ValueError(
-                        f"SharedMemoryVectorEnv.{what}: expected {len(idx)} actions for half {slot} "
-                        f"(indices half_indices({slot})) but got {len(acts)}"
+                        f"SharedMemoryVectorEnv.{what}: expected {len(idx)} actions but got {len(per_env)}"
                     )
-                self._actions[idx] = acts
         self._in_flight[slot] = time.monotonic()
+        positions = self._positions[slot]
         for wk in self._slot_workers[slot]:
-            self._cmd_kind[wk.index, slot] = kind
-            self._cmd_seq[wk.index, slot] += 1
+            w = wk.index
+            self._cmd_kind[w, slot] = kind
+            if per_env is not None:
+                part = [per_env[int(positions[wk.base + j])] for j in wk.slot_envs[slot]]
+                wk.pipe_actions[slot] = part
+                assert wk.pipe is not None
+                wk.pipe.send(("act", slot, part))
+            self._cmd_seq[w, slot] += 1
             wk.state = WorkerState.STEPPING
             assert wk.cmd_sem is not None
             wk.cmd_sem.release()
 
+    def _recv_out(self, wk: _Worker, slot: int, what: str) -> tuple[Any, ...]:
+        """The step result a ``shm``/``pipe`` carrier worker sent for `slot` (it is sent right after the done mark)."""
+        while slot not in wk.outs:
+            assert wk.pipe is not None
+            try:
+                msg = wk.pipe.recv()
+            except EOFError as exc:
+                raise WorkerFailedError(
+                    f"SharedMemoryVectorEnv.{what}: worker {wk.index} closed its pipe", worker_index=wk.index
+                ) from exc
+            wk.outs[msg[1]] = msg
+        return wk.outs.pop(slot)
+
     def _collect(self, slot: int, timeout: float | None, what: str) -> StepResult:
+        self._assert_open()
         if slot not in self._in_flight:
-            raise PoolStateError(
-                f"SharedMemoryVectorEnv.{what}: nothing is stepping in this slot; call the matching *_async first"
-            )
+            name = "step_async" if what in ("step_wait", "step") else what.replace("_wait", "_async")
+            raise NoPendingCallError(f"Calling `{what}` without any prior call to `{name}`.", "step")
         started = self._in_flight[slot]
         limit = self.config.step_timeout_s if timeout is None else timeout
         spinner = self._spinner
         errors: list[tuple[_Worker, Any]] = []
         failure: WorkerFailedError | None = None
         n = len(self._slot_indices[slot])
-        infos: dict[str, Any] = {}
         blobs: list[Any] = []
+        outs: dict[int, tuple[Any, ...]] = {}
         for wk in self._slot_workers[slot]:
             w = wk.index
             done_row, target = self._done_seq[w], int(self._cmd_seq[w, slot])
             while done_row[slot] < target:
                 assert wk.done_sems is not None
-                if spinner.wait(wk.done_sems[slot], _reached(done_row, slot, target), 0.05):
+                if spinner.wait(wk.done_sems[slot], reached(done_row, slot, target), 0.05):
                     continue
                 crashed = wk.process.exitcode is not None
                 if not crashed and time.monotonic() - started < limit:
@@ -769,6 +614,16 @@ class SharedMemoryVectorEnv(VectorEnv):
                 else:
                     self.counters.worker_timeouts += 1
                     reason = f"no answer within {limit} s"
+                if timeout is not None and not crashed:
+                    # The caller's own deadline: AsyncVectorEnv raises multiprocessing.TimeoutError.
+                    self._restart(wk, reason, abandon=slot)
+                    failure = failure or WorkerTimeoutError(
+                        f"The call to `{what}` has timed out after {timeout} second(s): worker {w} (envs "
+                        f"{wk.base}..{wk.base + wk.num_envs - 1}) was restarted and its envs report truncated on "
+                        "their next step",
+                        worker_index=w,
+                    )
+                    break
                 if self.config.on_worker_failure == "raise":
                     self._restart(wk, reason, abandon=slot)
                     failure = failure or WorkerFailedError(
@@ -781,66 +636,81 @@ class SharedMemoryVectorEnv(VectorEnv):
                 started = time.monotonic()
                 done_row, target = self._done_seq[w], int(self._cmd_seq[w, slot])
             wk.state = WorkerState.READY
-            if failure is not None and failure.worker_index == w:
+            if done_row[slot] < target or (failure is not None and failure.worker_index == w):
                 continue
             length = int(self._info_len[w, slot])
             # Infos and error records are decoded without pickle (cloud._infocodec), like everything else here.
-            if self._status[w, slot] == _ERROR:
+            if self._status[w, slot] == ERROR:
                 errors.append((wk, decode_info(self._info_buf[w, slot, :length].tobytes())))
-            elif length:
+                continue
+            if length:
                 blobs.append(decode_info(self._info_buf[w, slot, :length].tobytes()))
+            if self._carrier != "array":
+                outs[w] = self._recv_out(wk, slot, what)
         del self._in_flight[slot]
         if failure is not None:
             raise failure
         if errors:
-            self._handle_env_errors(errors, slot, timeout, what)
+            for w, out in outs.items():
+                self._workers[w].outs[slot] = out  # read again after the restart, not stepped twice
+            self._handle_env_errors(errors, slot, what)
             return self._collect_after_restart(slot, timeout, what)
-        return self._assemble(slot, n, blobs, infos)
+        return self._assemble(slot, n, blobs, outs)
 
-    def _handle_env_errors(
-        self, errors: list[tuple[_Worker, Any]], slot: int, timeout: float | None, what: str
-    ) -> None:
+    def _handle_env_errors(self, errors: list[tuple[_Worker, Any]], slot: int, what: str) -> None:
         self.counters.env_errors += len(errors)
-        raise_it = self.config.on_env_error == "raise"
-        for wk, _payload in errors:
+        for wk, _records in errors:
             self._restart(wk, "an env raised", abandon=slot)
-        if raise_it:
-            wk, payload = errors[0]
-            self._raise_env_error(wk, payload, f"stepping ({what})")
+        if self.config.on_env_error == "raise":
+            records = [rec for _wk, recs in errors for rec in recs]
+            self._raise_env_errors(errors[-1][0], records, f"stepping ({what})")
 
     def _collect_after_restart(self, slot: int, timeout: float | None, what: str) -> StepResult:
-        # on_env_error="restart": only the restarted workers get the command again (same actions in shm); their
-        # envs answer it with the dropped episodes' truncation. The other workers are not stepped twice: their
-        # results are still in shared memory and are simply read again.
+        # on_env_error="restart": only the restarted workers get the command again (same actions); their envs
+        # answer it with the dropped episodes' truncation. The other workers are not stepped twice: their
+        # results are still in shared memory (or kept from the pipe) and are simply read again.
         self._in_flight[slot] = time.monotonic()
         for wk in self._slot_workers[slot]:
-            if self._status[wk.index, slot] == _ERROR:
+            if self._status[wk.index, slot] == ERROR:
+                assert wk.cmd_sem is not None and wk.pipe is not None
+                if self._cmd_kind[wk.index, slot] == ACT_PIPE:
+                    wk.pipe.send(("act", slot, wk.pipe_actions[slot]))
                 self._cmd_seq[wk.index, slot] += 1
-                assert wk.cmd_sem is not None
                 wk.cmd_sem.release()
         return self._collect(slot, timeout, what)
 
-    def _assemble(self, slot: int, n: int, blobs: list[Any], infos: dict[str, Any]) -> StepResult:
+    def _assemble(self, slot: int, n: int, blobs: list[Any], outs: dict[int, tuple[Any, ...]]) -> StepResult:
         idx = self._slot_indices[slot]
         full = slot == ALL
         per_env: dict[int, dict[str, Any]] = {}
-        finals: dict[int, dict[str, Any] | None] = {}
-        for blob in blobs:
-            for rec in blob:
+        final_infos: dict[int, dict[str, Any] | None] = {}
+        final_obs: dict[int, Any] = {}
+        parts = [(records, finals) for records, finals in blobs]
+        for w, (_tag, _slot, records, finals, obs) in outs.items():
+            parts.append((records, finals))
+            if obs is not None:
+                wk = self._workers[w]
+                for j, value in zip(wk.slot_envs[slot], obs, strict=True):
+                    self._obs_items[wk.base + j] = value
+        for records, finals in parts:
+            for rec in records:
                 if rec[0] == "vec":
                     self._unbatch(rec[1], rec[2], per_env)
                 else:
                     g, info, final_info = rec
                     per_env[g] = info
-                    finals[g] = final_info
+                    final_infos[g] = final_info
+            for g, value in finals:
+                final_obs[g] = value
         # has_final is only ever set in SAME_STEP mode (the worker writes it for every env it steps).
+        infos: dict[str, Any] = {}
         has_final = self._has_final if full else self._has_final[idx]
         if self._same_step and has_final.any():
             for pos in np.flatnonzero(has_final):
                 g = int(pos) if full else int(idx[pos])
                 per_env[g] = {
-                    "final_info": finals.get(g) or {},
-                    "final_obs": self._final_obs[g].copy(),
+                    "final_info": final_infos.get(g) or {},
+                    "final_obs": final_obs[g] if g in final_obs else self._final_obs[g].copy(),
                     **per_env.get(g, {}),
                 }
         positions = self._positions[slot]
@@ -848,9 +718,27 @@ class SharedMemoryVectorEnv(VectorEnv):
             if per_env[g]:
                 infos = add_info(infos, per_env[g], int(positions[g]), n)
         if full:
-            obs = self._obs.copy() if self.copy else self._obs
-            return obs, self._rewards.copy(), self._terminated.copy(), self._truncated.copy(), infos
-        return self._obs[idx], self._rewards[idx], self._terminated[idx], self._truncated[idx], infos
+            return self._batch_obs(ALL), self._rewards.copy(), self._terminated.copy(), self._truncated.copy(), infos
+        return self._batch_obs(slot), self._rewards[idx], self._terminated[idx], self._truncated[idx], infos
+
+    def _batch_obs(self, slot: int) -> Any:
+        """The observations of `slot`'s envs as one batch (a copy unless copy=False and all envs)."""
+        full = slot == ALL
+        space = self.single_observation_space
+        if self._carrier == "array":
+            if full:
+                return self._obs.copy() if self.copy else self._obs
+            return self._obs[self._slot_indices[slot]]
+        if self._carrier == "shm":
+            batch = read_from_shared_memory(space, self._gym_shm, n=self.num_envs)
+        else:
+            batch = concatenate(space, self._obs_items, self._pipe_obs)
+        if full:
+            return deepcopy(batch) if self.copy else batch
+        items = list(iterate(self.observation_space, batch))
+        idx = self._slot_indices[slot]
+        empty: Any = create_empty_array(space, n=len(idx), fn=np.zeros)
+        return concatenate(space, [items[i] for i in idx], empty)
 
     def _unbatch(self, base: int, info: dict[str, Any], per_env: dict[int, dict[str, Any]]) -> None:
         """Split a worker's batched vector-env info into per-env dicts (inverse of `add_info`)."""
@@ -876,16 +764,16 @@ class SharedMemoryVectorEnv(VectorEnv):
     # -- the VectorEnv API ----------------------------------------------------------------------------------
 
     def step_async(self, actions: Any) -> None:
-        """Send a batch of actions (shape ``action_space.shape``) to all envs; collect with `step_wait`."""
-        self._issue(ALL, actions, 0, "step_async")
+        """Send a batch of actions (an element of ``action_space``) to all envs; collect with `step_wait`."""
+        self._issue(ALL, actions, ACT_SHM, "step_async")
 
     def step_wait(self, timeout: float | None = None) -> StepResult:
-        """Wait for the step of all envs; ``timeout`` overrides `ColocatedConfig.step_timeout_s` for this call."""
+        """Wait for the step of all envs; an expired ``timeout`` raises `WorkerTimeoutError` (a TimeoutError)."""
         return self._collect(ALL, timeout, "step_wait")
 
     def step(self, actions: Any) -> StepResult:
         """Step every env with `actions`; same returns as `gymnasium.vector.AsyncVectorEnv.step`."""
-        self._issue(ALL, actions, 0, "step")
+        self._issue(ALL, actions, ACT_SHM, "step")
         return self._collect(ALL, None, "step")
 
     @property
@@ -898,6 +786,20 @@ class SharedMemoryVectorEnv(VectorEnv):
         """Name of the pool's shared-memory segment (``/dev/shm/<name>`` while the pool is open)."""
         return self._arena.name
 
+    @property
+    def np_random_seed(self) -> tuple[int, ...]:  # type: ignore[override]
+        """The np_random seed of every env (one per worker with vector_env_fns), as AsyncVectorEnv returns them."""
+        return self.get_attr("np_random_seed")
+
+    @property  # type: ignore[misc]
+    def np_random(self) -> tuple[np.random.Generator, ...]:  # type: ignore[override]
+        """The numpy random generator of every env (copies from the workers)."""
+        return self.get_attr("np_random")
+
+    def render(self) -> tuple[Any, ...] | None:
+        """The rendered frame of every env (``call("render")``), as AsyncVectorEnv does."""
+        return self.call("render")
+
     def half_indices(self, half: int) -> np.ndarray:
         """The env indices (into the full batch) that make up `half` (0 or 1), in the order halves use."""
         return self._half_indices[self._check_half(half)]
@@ -909,15 +811,18 @@ class SharedMemoryVectorEnv(VectorEnv):
 
     def step_half_async(self, half: int, actions: Any) -> None:
         """Send actions for the envs of `half` (``len(half_indices(half))`` of them); collect with `step_half_wait`."""
-        self._issue(self._check_half(half), actions, 0, "step_half_async")
+        self._issue(self._check_half(half), actions, ACT_SHM, "step_half_async")
 
     def step_half_wait(self, half: int, timeout: float | None = None) -> StepResult:
         """Wait for `half`'s step; the returned arrays (copies) are indexed like `half_indices(half)`."""
         return self._collect(self._check_half(half), timeout, "step_half_wait")
 
-    def observations(self, half: int | None = None) -> np.ndarray:
-        """The latest observations of all envs (a view) or of one half (a copy)."""
-        return self._obs if half is None else self._obs[self.half_indices(half)]
+    def observations(self, half: int | None = None) -> Any:
+        """The latest observations of all envs (a view with fixed-shape spaces) or of one half (a copy)."""
+        self._assert_open()
+        if half is None:
+            return self._obs if self._carrier == "array" else self._batch_obs(ALL)
+        return self._batch_obs(self._check_half(half))
 
     def act_step(self, timeout: float | None = None) -> tuple[np.ndarray, StepResult]:
         """Workers pick actions with their own policy copy (`worker_policy`), then step; returns (actions, step)."""
@@ -925,18 +830,13 @@ class SharedMemoryVectorEnv(VectorEnv):
             raise PoolStateError(
                 "SharedMemoryVectorEnv.act_step: no worker_policy was given; pass worker_policy=<factory> or use step()"
             )
-        self._issue(ALL, None, 1, "act_step")
+        self._issue(ALL, None, ACT_POLICY, "act_step")
         result = self._collect(ALL, timeout, "act_step")
         return self._actions.copy(), result
 
     # -- control --------------------------------------------------------------------------------------------
 
-    def _control_async(self, messages: Sequence[tuple[Any, ...] | None], what: str) -> None:
-        self._assert_open(what)
-        if self._in_flight or self._pending_control is not None:
-            raise PoolStateError(
-                f"SharedMemoryVectorEnv.{what}: a step or another call is in flight; finish it with its *_wait first"
-            )
+    def _control_async(self, messages: Sequence[tuple[Any, ...] | None], kind: str) -> None:
         sent = []
         for wk, msg in zip(self._workers, messages, strict=True):
             if msg is None:
@@ -946,36 +846,48 @@ class SharedMemoryVectorEnv(VectorEnv):
             self._ctrl_seq[wk.index] += 1
             wk.cmd_sem.release()
             sent.append(wk.index)
-        self._pending_control = sent
+        self._pending_control = (kind, sent)
 
-    def _control_wait(self, timeout: float | None, what: str) -> list[tuple[_Worker, Any]]:
-        if self._pending_control is None:
-            raise PoolStateError(f"SharedMemoryVectorEnv.{what}: no call is pending; call the matching *_async first")
-        sent, self._pending_control = self._pending_control, None
+    def _control_wait(self, timeout: float | None, kind: str, what: str) -> list[tuple[_Worker, Any]]:
+        self._assert_open()
+        if self._pending_control is None or self._pending_control[0] != kind:
+            raise NoPendingCallError(f"Calling `{what}` without any prior call to `{kind}_async`.", kind)
+        sent = self._pending_control[1]
+        self._pending_control = None
         limit = self.config.step_timeout_s if timeout is None else timeout
         results: list[tuple[_Worker, Any]] = []
         crash: WorkerFailedError | None = None
-        env_failure: tuple[_Worker, Any] | None = None
+        env_failure: tuple[_Worker, list[Any]] | None = None
+        deadline = time.monotonic() + limit
         for w in sent:
             wk = self._workers[w]
             try:
-                status, payload = self._recv(wk, limit, what)
+                status, payload = self._recv(wk, max(0.0, deadline - time.monotonic()), what)
             except WorkerFailedError as exc:
                 self._restart(wk, str(exc), abandon=None)
+                if timeout is not None and wk.process is not None and "did not answer" in str(exc):
+                    exc = WorkerTimeoutError(
+                        f"The call to `{what}` has timed out after {timeout} second(s): worker {w} was restarted",
+                        worker_index=w,
+                    )
                 crash = crash or exc
                 continue
             if status != "ok":
-                env_failure = env_failure or (wk, payload)
+                if env_failure is None:
+                    env_failure = (wk, list(payload))
+                else:
+                    env_failure[1].extend(payload)
                 continue
             results.append((wk, payload))
         if crash is not None:
             raise crash
         if env_failure is not None:
-            self._raise_env_error(env_failure[0], env_failure[1], what.replace("_wait", ""))
+            self._raise_env_errors(env_failure[0], env_failure[1], what.replace("_wait", ""))
         return results
 
     def reset_async(self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> None:
         """Start resetting the envs; see `reset`."""
+        self._assert_open()
         n = self.num_envs
         if seed is None:
             seeds: list[int | None] = [None] * n
@@ -987,14 +899,21 @@ class SharedMemoryVectorEnv(VectorEnv):
             raise ValueError(
                 f"If seeds are passed as a list the length must match num_envs={n} but got length={len(seeds)}."
             )
+        self._assert_idle("reset_async")
         mask = None
         if options is not None and "reset_mask" in options:
             options = dict(options)
-            mask = np.asarray(options.pop("reset_mask"))
-            if mask.shape != (n,) or mask.dtype != np.bool_ or not mask.any():
+            mask = options.pop("reset_mask")
+            if not isinstance(mask, np.ndarray):
+                raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
+            if mask.shape != (n,):
+                raise ValueError(f"`options['reset_mask']` must have shape `({n},)`, got {mask.shape}")
+            if mask.dtype != np.bool_:
+                raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
+            if not mask.any():
                 raise ValueError(
-                    f"`options['reset_mask']` must be a bool array of shape ({n},) with at least one True value, "
-                    f"got {mask!r}"
+                    "`options['reset_mask']` must contain a boolean array with at least one True value, "
+                    f"got reset_mask={mask}"
                 )
             if self._vectorised:
                 raise ValueError("SharedMemoryVectorEnv.reset: reset_mask is not supported with vector_env_fns")
@@ -1010,37 +929,42 @@ class SharedMemoryVectorEnv(VectorEnv):
             self._terminated[mask], self._truncated[mask] = False, False
         else:
             self._terminated[:], self._truncated[:] = False, False
-        self._control_async(messages, "reset_async")
+        self._control_async(messages, "reset")
 
-    def reset_wait(self, timeout: float | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
         """Wait for `reset_async` and return (observations, infos)."""
-        results = self._control_wait(timeout, "reset_wait")
+        results = self._control_wait(timeout, "reset", "reset_wait")
         per_env: dict[int, dict[str, Any]] = {}
-        for _wk, records in results:
+        for _wk, (records, new_obs) in results:
             for rec in records:
                 if rec[0] == "vec":
                     self._unbatch(rec[1], rec[2], per_env)
                 else:
                     per_env[rec[0]] = rec[1]
+            if new_obs:
+                for g, value in new_obs.items():
+                    self._obs_items[g] = value
         infos: dict[str, Any] = {}
         for g in sorted(per_env):
             infos = add_info(infos, per_env[g], g, self.num_envs)
-        return (self._obs.copy() if self.copy else self._obs), infos
+        return self._batch_obs(ALL), infos
 
     def reset(
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
+    ) -> tuple[Any, dict[str, Any]]:
         """Reset envs: an int ``seed`` gives env i seed+i, a list one seed per env; options["reset_mask"] picks envs."""
         self.reset_async(seed=seed, options=options)
         return self.reset_wait()
 
     def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
         """Start calling method (or reading attribute) `name` on every env; see `call`."""
-        self._control_async([("call", name, args, kwargs)] * len(self._workers), "call_async")
+        self._assert_open()
+        self._assert_idle("call_async")
+        self._control_async([("call", name, args, kwargs)] * len(self._workers), "call")
 
     def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
         """Wait for `call_async`; one result per env (per worker with vector_env_fns)."""
-        return tuple(r for _wk, results in self._control_wait(timeout, "call_wait") for r in results)
+        return tuple(r for _wk, results in self._control_wait(timeout, "call", "call_wait") for r in results)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call `name(*args, **kwargs)` on every env (or read it if it is not callable); one result per env."""
@@ -1053,6 +977,7 @@ class SharedMemoryVectorEnv(VectorEnv):
 
     def set_attr(self, name: str, values: Any) -> None:
         """Set attribute `name` on every env: one value for all, or a list/tuple with one value per env."""
+        self._assert_open()
         targets = len(self._workers) if self._vectorised else self.num_envs
         if not isinstance(values, list | tuple):
             values = [values] * targets
@@ -1061,21 +986,26 @@ class SharedMemoryVectorEnv(VectorEnv):
                 "Values must be a list or tuple with length equal to the number of environments. "
                 f"Got `{len(values)}` values for {targets} environments."
             )
+        self._assert_idle("set_attr")
         messages: list[tuple[Any, ...] | None] = []
         for wk in self._workers:
             part = values[wk.index : wk.index + 1] if self._vectorised else values[wk.base : wk.base + wk.num_envs]
             messages.append(("set_attr", name, list(part)))
         self._control_async(messages, "set_attr")
-        self._control_wait(None, "set_attr")
+        self._control_wait(None, "set_attr", "set_attr")
 
     def close_extras(self, timeout: float | None = None, terminate: bool = False, **kwargs: Any) -> None:
-        """Stop the workers (politely unless `terminate`) and unlink the shared memory."""
+        """Stop the workers (politely unless `terminate` or a call is in flight) and unlink the shared memory."""
         if self._closed_workers:
             return
         self._closed_workers = True
+        pending = "step" if self._in_flight else self._pending_control[0] if self._pending_control else None
+        if pending is not None:
+            gym.logger.warn(f"Calling `close` while waiting for a pending call to `{pending}` to complete.")
+            terminate = True  # its results would be thrown away: stop the workers at once
         deadline = time.monotonic() + (self.config.close_timeout_s if timeout is None else timeout)
-        workers = getattr(self, "_workers", [])
-        if not terminate and not self._in_flight:
+        workers = self._workers
+        if not terminate:
             for wk in workers:
                 if wk.pipe is None or wk.process is None or wk.process.exitcode is not None:
                     continue
@@ -1087,17 +1017,34 @@ class SharedMemoryVectorEnv(VectorEnv):
                 except (BrokenPipeError, OSError):
                     pass
             for wk in workers:
-                if wk.process is not None:
+                if wk.process is not None and wk.process.pid is not None:
                     wk.process.join(max(0.0, deadline - time.monotonic()))
         for wk in workers:
             self._kill(wk)
             wk.state = WorkerState.CLOSED
-        self._arena.close()
+        if hasattr(self, "_arena"):
+            self._arena.close()
 
     def __del__(self) -> None:
-        # The shared memory has its own finalizer; this makes sure no worker outlives a pool left unclosed.
-        if not getattr(self, "closed", True) and hasattr(self, "_arena"):
-            self.close(terminate=True)
+        # The shared memory has its own finalizer; this makes sure no worker outlives a pool left unclosed. At
+        # interpreter exit or in a garbage-collection cycle the pipes may already be finalized: nothing to report.
+        if not getattr(self, "closed", True) and not getattr(self, "_closed_workers", True):
+            with contextlib.suppress(OSError, ValueError):
+                self.close(terminate=True)
+
+
+def _start(
+    spec: Any,
+    layout: Any,
+    inherited: ShmArena | None,
+    pipe: Connection,
+    cmd_sem: Semaphore,
+    done_sems: tuple[Semaphore, Semaphore, Semaphore],
+    gym_shm: Any,
+    limit: Semaphore | None,
+) -> None:
+    """Process target: unwrap the cloudpickled spec and run the worker loop."""
+    worker_main(spec.fn, layout, inherited, pipe, cmd_sem, done_sems, gym_shm, limit)
 
 
 def add_info(vector_infos: dict[str, Any], env_info: dict[str, Any], env_num: int, num_envs: int) -> dict[str, Any]:
