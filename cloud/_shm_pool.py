@@ -777,6 +777,11 @@ class SharedMemoryVectorEnv(VectorEnv):
         return self._collect(ALL, None, "step")
 
     @property
+    def num_workers(self) -> int:
+        """Worker processes of the pool (what `strata status` reports as its workers)."""
+        return len(self._workers)
+
+    @property
     def worker_pids(self) -> tuple[int, ...]:
         """Process ids of the current workers (they change when a worker is restarted)."""
         return tuple(int(wk.process.pid) for wk in self._workers)

@@ -66,6 +66,10 @@ def train_hybrid_from_args(args: argparse.Namespace) -> int:
     same = "identical" if len(set(result.digests)) == 1 else "DIFFERENT"
     print(f"strata train: policy digests of the units: {same} ({', '.join(result.digests)}); normaliser merged over "
           f"{result.normalizer_count:,.0f} observations")
+    for unit in result.unit_status:
+        print(f"strata train: unit {unit['rank']} on node {unit['node']} (local rank {unit['local_rank']}): "
+              f"{unit['steps']:,} env steps, {unit['env_steps_per_s']:,.0f} steps/s, {unit['workers']} workers, "
+              f"mode {unit['mode']}")
     for event in result.switches:
         print(f"strata train: every unit switched {event.from_mode} -> {event.to_mode} at step {event.at_step:,} "
               f"({event.trigger}: {event.reason}); pause {event.pause_s * 1000:.0f} ms")

@@ -58,6 +58,7 @@ def train_hybrid(spec: UnitSpec) -> HybridResult:
     check_spec(spec)
     if under_torchrun():
         return run_unit(spec)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -72,6 +73,10 @@ def train_hybrid(spec: UnitSpec) -> HybridResult:
         message = str(failure.message).strip().splitlines()
         detail = message[0] if message else f"exit code {failure.exitcode}"
         raise HybridError(f"train --modes hybrid: unit {rank} failed: {detail}") from None
+    except SignalException:
+        # The launcher passed the signal on; the units stopped at their next update boundary and rank 0
+        # wrote the final checkpoint (it said where). The caller sees an interruption, as from Ctrl-C.
+        raise KeyboardInterrupt from None
     result: HybridResult = outputs[0]
     return result
 

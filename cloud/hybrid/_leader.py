@@ -33,6 +33,7 @@ class SwitchGate:
         self._switcher = switcher
         self._lock = threading.Lock()
         self._pending: tuple[str, str, Future[SwitchEvent]] | None = None
+        self.total_workers = switcher.active.workers()
 
     @property
     def mode(self) -> str:
@@ -45,9 +46,13 @@ class SwitchGate:
         return self._switcher.modes
 
     @property
-    def active(self) -> Any:
-        """Rank 0's active source."""
-        return self._switcher.active
+    def active(self) -> SwitchGate:
+        """Stands for the units' active sources: its `workers` counts every unit's."""
+        return self
+
+    def workers(self) -> int:
+        """Env workers of every unit's active source, as of the last update."""
+        return self.total_workers
 
     @property
     def history(self) -> list[SwitchEvent]:
@@ -110,6 +115,7 @@ class Leader:
     def update(self, **values: Any) -> None:
         """Refresh the status the control endpoint serves."""
         if self.control is not None:
+            self.gate.total_workers = sum(int(unit["workers"]) for unit in values.get("units", ()))
             self.control.update(param_server=self.server.address, **values)
 
     def close(self) -> None:

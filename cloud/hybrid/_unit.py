@@ -69,6 +69,8 @@ class HybridResult:
     """Versions rank 0 pushed to the parameter server."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds this unit spent collecting, updating and in gradient all-reduces, and its update count."""
+    unit_status: list[dict[str, Any]] = field(default_factory=list)
+    """Every unit's last status (rank, node, local rank, pid, steps, steps/s, workers, mode), in rank order."""
 
 
 class _StopFlag:
@@ -253,6 +255,7 @@ def run_unit(spec: UnitSpec) -> HybridResult:
         last_confirm = -CONFIRM_EVERY
         stopped_by: str | None = None
         unit_steps = [0] * world
+        units: list[dict[str, Any]] = []
         mean_return = float("nan")
         timings = {"collect_s": 0.0, "update_s": 0.0, "allreduce_s": 0.0, "updates": 0.0}
         started = time.perf_counter()
@@ -338,6 +341,10 @@ def run_unit(spec: UnitSpec) -> HybridResult:
                     if pending is not None and event is not None:
                         pending[2].set_result(event)
 
+                units = [_unit_status(r, h, unit_steps[r], modes) for r, h in enumerate(heads)]
+                if event is not None:  # every unit switched here: its status says so from now on
+                    for unit in units:
+                        unit["mode"] = switcher.mode
                 if leader is not None and metrics is not None:
                     if new_returns:
                         values["charts/episodic_return"] = float(np.mean(new_returns))
@@ -359,8 +366,7 @@ def run_unit(spec: UnitSpec) -> HybridResult:
                     leader.update(state="training", step=global_step, policy_version=version,
                                   mean_return=None if np.isnan(mean_return) else mean_return,
                                   env_steps_per_s=values["perf/env_steps_per_s"],
-                                  units=[_unit_status(r, h, unit_steps[r], modes) for r, h in enumerate(heads)],
-                                  workers=sum(int(h["workers"]) for h in heads))
+                                  units=units)
                     if version % spec.checkpoint_every == 0:
                         last_path, checkpointed = save_checkpoint(run_dir, snapshot), version
                 if decision[0] != STOP_NONE:
@@ -387,7 +393,7 @@ def run_unit(spec: UnitSpec) -> HybridResult:
             solved_at_s=solved_at_s, greedy_return=greedy_return, digests=final,
             normalizer_count=float(normalizer.count), unit_steps=unit_steps, accounting=accounting,
             switches=tuple(switcher.history), stopped_by=stopped_by,
-            published=leader.published if leader is not None else 0, timings=timings)
+            published=leader.published if leader is not None else 0, timings=timings, unit_status=units)
     except BaseException as exc:
         # A peer died, a collective timed out, or this unit failed: rank 0 keeps the last completed update.
         if rank == 0 and snapshot is not None and int(snapshot["version"]) > checkpointed:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,6 +18,7 @@ import torch
 
 from cloud._agent import Agent, ObsNormalizer
 from cloud._checkpoint import latest_checkpoint, load_checkpoint
+from cloud._control import ControlClient, ControlError
 from cloud._metrics import read_metrics
 from cloud._ppo import PPOConfig
 from cloud._switching import SwitchingConfig
@@ -137,3 +143,110 @@ def test_cli_refuses_what_hybrid_units_cannot_do(flags: tuple[str, ...], message
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# --- across hosts: two torchrun invocations, as two nodes would run them ----------------------------------------
+
+def _torchrun(node: int, port: int, run: Path, *train_flags: str, max_restarts: int = 0,
+              marker: str = "") -> subprocess.Popen[str]:
+    """``torchrun --nnodes 2 --nproc-per-node 1`` (c10d rendezvous on 127.0.0.1) running `strata train`."""
+    strata = str(Path(sys.executable).with_name("strata"))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"strata-{port}",
+               "--rdzv-conf", f"is_host={int(node == 0)}", "--max-restarts", str(max_restarts),
+               "--no-python", strata, "train", "--env", "CartPole-v1", "--run-dir", str(run), "--modes", "hybrid",
+               "--workers-per-unit", "1", *TINY_FLAGS, *train_flags]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "STRATA_TEST_MARKER": marker or f"hybrid-{port}"}
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def test_two_torchrun_nodes_train_one_policy(tmp_path: Path) -> None:
+    run, port = tmp_path / "run", _free_port()
+    nodes = [_torchrun(node, port, run, "--total-steps", "512", "--seed", "2") for node in (0, 1)]
+    outputs = [node.communicate(timeout=280)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
+    summary = next(out for out in outputs if "hybrid units, policy version" in out)
+    assert "2 hybrid units, policy version 4, 512 env steps (256, 256 per unit)" in summary
+    assert "policy digests of the units: identical" in summary
+    assert "unit 0 on node 0 (local rank 0)" in summary and "unit 1 on node 1 (local rank 0)" in summary
+    assert load_checkpoint(latest_checkpoint(run))["global_step"] == 512
+
+
+# --- rank 0 talks to the rest of strata ---------------------------------------------------------------------------
+
+def _wait_for(what: str, check: Callable[[], Any], *, timeout: float = 240.0) -> Any:
+    """Poll `check()` until it returns something truthy; the timeout only fails a hung test."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+        except ControlError:  # the job has not advertised its endpoint yet
+            value = None
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _status_when(run: Path, ready: Callable[[dict[str, Any]], bool]) -> Callable[[], dict[str, Any] | None]:
+    def check() -> dict[str, Any] | None:
+        status = ControlClient.for_run(run).status()
+        return status if ready(status) else None
+    return check
+
+
+def _pids_with(marker: str) -> list[int]:
+    """Processes whose environment carries `marker` (every descendant of a test's launcher inherits it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if f"STRATA_TEST_MARKER={marker}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_rank0_serves_status_versions_and_a_switch_every_unit_follows(tmp_path: Path) -> None:
+    from functions._paramclient import ParameterClient
+
+    run, marker = tmp_path / "run", f"hybrid-live-{os.getpid()}"
+    strata = str(Path(sys.executable).with_name("strata"))
+    proc = subprocess.Popen([strata, "train", "--env", "CartPole-v1", "--total-steps", "100000000", "--run-dir",
+                             str(run), "--modes", "hybrid", "colocated", "sync", "--units", "2", "--workers-per-unit",
+                             "1", *TINY_FLAGS, "--checkpoint-every", "100000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "STRATA_TEST_MARKER": marker})
+    try:
+        status = _wait_for("both units in the status", _status_when(run, lambda s: len(s.get("units", [])) == 2))
+        units = status["units"]
+        assert [u["rank"] for u in units] == [0, 1] and len({u["pid"] for u in units}) == 2
+        assert [u["workers"] for u in units] == [1, 1] and {u["mode"] for u in units} == {"colocated"}
+        assert status["workers"] == 2
+        shown = run_strata("status", str(run), env={"PYTHONPATH": str(REPO)})
+        assert shown.returncode == 0 and "unit 1" in shown.stdout and "1 workers, colocated" in shown.stdout
+
+        info = json.loads((run / "paramserver.json").read_text())
+        client = ParameterClient(info["address"], policy=info["policy"])
+        try:
+            version, _sha = client.latest()
+        finally:
+            client.close()
+        assert version >= status["policy_version"] >= 1  # rank 0 pushes every version
+
+        switched = ControlClient.for_run(run).switch("sync", timeout=240)
+        assert (switched["from_mode"], switched["to_mode"], switched["trigger"]) == ("colocated", "sync", "manual")
+        _wait_for("every unit in mode sync", _status_when(run, lambda s: {u["mode"] for u in s["units"]} == {"sync"}
+                                                          and s["policy_version"] > switched["at_version"]))
+    finally:
+        proc.terminate()  # SIGTERM: every unit stops at its next boundary, rank 0 checkpoints
+        out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, out
+    assert "stopped by SIGTERM" in out
+    final = load_checkpoint(latest_checkpoint(run))
+    assert final["version"] > switched["at_version"]
+    events = [json.loads(line) for line in (run / "switches.jsonl").read_text().splitlines()]
+    assert [(e["to_mode"], e["trigger"]) for e in events] == [("colocated", "start"), ("sync", "manual")]
+    assert not (run / "control.json").exists() and not (run / "paramserver.json").exists()
+    _wait_for("no process of the run left", lambda: not _pids_with(marker), timeout=60)
