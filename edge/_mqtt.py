@@ -1,10 +1,12 @@
-"""The one module that imports paho-mqtt: a link to an MQTT 3.1.1 broker that survives outages.
+"""The one module that imports paho-mqtt: a link to an MQTT broker (3.1.1, or 5 for publishers) that survives outages.
 
 `MqttLink` fixes what every strata client needs: callback API version 2; a stable client id with a
 persistent session (``clean_session=False``), so QoS 1 messages queued by the broker while the node was away
 arrive after it reconnects; subscriptions made again in ``on_connect``; TCP_NODELAY on the client socket the
 moment it opens (MEASURED.md: with Nagle on, a QoS 1 round trip takes ~88 ms instead of ~0.2 ms); reconnects
-with exponential backoff on its own thread, with an injectable ``sleep`` and ``clock``; bounded paho queues;
+with jittered exponential backoff on its own thread, with an injectable ``sleep`` and ``clock``; bounded paho
+queues; MQTT 5 for clean-session clients that need to know when the broker refuses a publish (a PUBACK
+reason code), with a fallback to 3.1.1;
 TLS client certificates (AWS IoT Core) and username/password (Mosquitto).
 
 Link conditions are states, not exceptions: `publish` returns a `PublishResult` whose state says whether the
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import random
 import socket
 import ssl
 import threading
@@ -25,13 +28,16 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from device import require
 from edge._errors import EdgeConfigError
 from edge._topics import AWS_MAX_PAYLOAD, QOS
 
 log = logging.getLogger("strata.edge.mqtt")
+
+UNSUPPORTED_PROTOCOL_VERSION = 132
+"""MQTT 5 CONNACK reason code of a broker that does not speak 5 (amqtt answers it)."""
 
 MessageHandler = Callable[[str, bytes, bool], None]
 """``handler(topic, payload, retained)``; runs on the link's thread, so it must be quick."""
@@ -103,6 +109,13 @@ class LinkConfig:
     """First reconnect delay; doubles up to `reconnect_max_s`. AWS IoT allows 1 CONNECT/s per client id."""
     reconnect_max_s: float = 10.0
     """Longest reconnect delay."""
+    reconnect_jitter: float = 0.5
+    """Each reconnect sleep is drawn uniformly from ``[delay * (1 - jitter), delay]``, so a fleet that lost its
+    broker at the same instant does not come back at the same instant (no thundering herd). 0: exact delays."""
+    protocol: Literal["3.1.1", "5", "auto"] = "3.1.1"
+    """MQTT version. ``"5"`` gives every PUBACK a reason code (a publish the broker refuses is reported to
+    ``on_refused``); ``"auto"`` speaks 5 and falls back to 3.1.1 on a broker that refuses it (amqtt). MQTT 5 links
+    need ``clean_session=True`` (publishers, monitors); nodes' persistent sessions stay on 3.1.1."""
     max_inflight: int = 100
     """QoS 1 messages awaiting PUBACK at once."""
     max_queued: int = 1000
@@ -158,6 +171,8 @@ class MqttLink:
         config: Broker address and link limits.
         on_message: Called as ``on_message(topic, payload, retained)`` on the link thread.
         on_ack: Called with the mid of each PUBACKed publish, on the link thread.
+        on_refused: Called as ``on_refused(mid, reason)`` for a publish the broker refused (MQTT 5 PUBACK with a
+            failure reason code), on the link thread.
         on_connect: Called after each successful CONNACK, on the link thread (after subscriptions are renewed).
         will: ``(topic, payload)`` published retained by the broker if this client vanishes.
         sleep: Waits between reconnect attempts (default: an interruptible wait that `close` cuts short).
@@ -167,12 +182,24 @@ class MqttLink:
     def __init__(self, config: LinkConfig, *, on_message: MessageHandler | None = None,
                  on_ack: Callable[[int], None] | None = None, on_connect: Callable[[], None] | None = None,
                  will: tuple[str, bytes] | None = None, sleep: Callable[[float], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_refused: Callable[[int, str], None] | None = None) -> None:
         mqtt = require("paho.mqtt.client", extra="edge", purpose="the MQTT link")
         self.config = config
         self.address = parse_broker_url(config.broker)
+        if config.protocol not in ("3.1.1", "5", "auto"):
+            raise EdgeConfigError(f"LinkConfig.protocol {config.protocol!r} is not one of '3.1.1', '5', 'auto'")
+        if config.protocol != "3.1.1" and not config.clean_session:
+            raise EdgeConfigError(f"LinkConfig: protocol {config.protocol!r} needs clean_session=True; persistent "
+                                  "sessions use MQTT 3.1.1")
+        if not 0.0 <= config.reconnect_jitter <= 1.0:
+            raise EdgeConfigError(f"LinkConfig.reconnect_jitter {config.reconnect_jitter} must be within 0..1")
         self._on_message = on_message
         self._on_ack = on_ack
+        self._on_refused = on_refused
+        self._rng = random.Random()
+        self.protocol = "3.1.1" if config.protocol == "3.1.1" else "5"
+        """The MQTT version this link speaks now (``"auto"`` falls back from 5 to 3.1.1)."""
         self._on_connect_hook = on_connect
         self._stop = threading.Event()
         self._closing = False
@@ -194,8 +221,20 @@ class MqttLink:
         """The last reconnect delays slept (at most 32), for status and tests."""
         self._thread: threading.Thread | None = None
         self._mqtt = mqtt
-        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=config.client_id,
-                             clean_session=config.clean_session, protocol=mqtt.MQTTv311)
+        if will is not None:
+            check_publish_topic(will[0])
+        self._will = will
+        self._fall_back = False
+        self._client = self._build_client()
+
+    def _build_client(self) -> Any:
+        mqtt, config = self._mqtt, self.config
+        if self.protocol == "5":
+            client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=config.client_id,
+                                 protocol=mqtt.MQTTv5)
+        else:
+            client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=config.client_id,
+                                 clean_session=config.clean_session, protocol=mqtt.MQTTv311)
         client.max_inflight_messages_set(config.max_inflight)
         client.max_queued_messages_set(config.max_queued)
         username = config.username or self.address.username
@@ -211,9 +250,8 @@ class MqttLink:
                 raise EdgeConfigError(f"cannot load the TLS files (ca {config.ca_file!r}, cert {config.cert_file!r}, "
                                       f"key {config.key_file!r}): {exc}; pass readable PEM files") from None
             client.tls_set_context(context)
-        if will is not None:
-            check_publish_topic(will[0])
-            client.will_set(will[0], will[1], qos=QOS, retain=True)
+        if self._will is not None:
+            client.will_set(self._will[0], self._will[1], qos=QOS, retain=True)
         client.on_connect = self._handle_connect
         client.on_disconnect = self._handle_disconnect
         client.on_message = self._handle_message
@@ -223,7 +261,7 @@ class MqttLink:
         # the packet and wakes this link's thread, the only writer (two writers could interleave packets).
         client.on_socket_register_write = _no_op_socket_hook
         client.connect_timeout = config.connect_timeout_s
-        self._client = client
+        return client
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -298,7 +336,10 @@ class MqttLink:
                 if self._state is LinkState.NEW:  # later attempts keep reporting why the last one failed
                     self._state = LinkState.CONNECTING
                 try:
-                    if first:
+                    if first and self.protocol == "5":
+                        self._client.connect(self.address.host, self.address.port, self.config.keepalive_s,
+                                             clean_start=True)
+                    elif first:
                         self._client.connect(self.address.host, self.address.port, self.config.keepalive_s)
                     else:
                         self._client.reconnect()
@@ -312,6 +353,14 @@ class MqttLink:
                     delay = min(delay * 2, self.config.reconnect_max_s)
                     continue
             rc = self._client.loop(timeout=0.05)
+            if self._fall_back:
+                # The broker does not speak MQTT 5 (amqtt): the same link goes on in 3.1.1 at once.
+                log.info("%s: %s refuses MQTT 5; speaking 3.1.1", self.config.client_id, self.config.broker)
+                if self._client.socket() is not None:
+                    self._client._sock_close()
+                self._fall_back, self.protocol, first = False, "3.1.1", True
+                self._client = self._build_client()
+                continue
             if rc != self._mqtt.MQTT_ERR_SUCCESS and not self._stop.is_set():
                 if self.config.cert_file and not self._answered:
                     # Under TLS 1.3 a broker that rejects the client certificate (wrong CA, expired) completes
@@ -332,6 +381,7 @@ class MqttLink:
                 delay = self.config.reconnect_min_s
 
     def _backoff(self, delay: float) -> None:
+        delay *= 1.0 - self.config.reconnect_jitter * self._rng.random()
         self.backoffs = [*self.backoffs[-31:], delay]
         self._sleep(delay)
 
@@ -345,6 +395,10 @@ class MqttLink:
 
     def _handle_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
         self._answered = True
+        if reason_code.is_failure and self.protocol == "5" and self.config.protocol == "auto" and (
+                reason_code.value == UNSUPPORTED_PROTOCOL_VERSION):
+            self._fall_back = True
+            return
         if reason_code.is_failure:
             self.refusals += 1
             self._state = LinkState.REFUSED
@@ -377,6 +431,12 @@ class MqttLink:
                 log.exception("%s: message handler failed on %s", self.config.client_id, message.topic)
 
     def _handle_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
+        # MQTT 5 only: a PUBACK with a failure reason code (135 Not authorized: the ACL denied it). MQTT 3.1.1
+        # has no such code; there the broker drops a refused publish and acknowledges it all the same.
+        if reason_code.is_failure:
+            if self._on_refused is not None:
+                self._on_refused(mid, f"{reason_code} (reason code {reason_code.value})")
+            return
         if self._on_ack is not None:
             self._on_ack(mid)
 
@@ -385,6 +445,7 @@ class MqttLink:
     def set_will(self, topic: str, payload: bytes) -> None:
         """Replace the last will (retained, QoS 1); it takes effect from the next connect."""
         check_publish_topic(topic)
+        self._will = (topic, payload)
         self._client.will_set(topic, payload, qos=QOS, retain=True)
 
     def subscribe(self, topic: str) -> None:

@@ -47,17 +47,44 @@ class Publisher:
         self.every = every
         self.ack_timeout_s = ack_timeout_s
         self._acked: set[int] = set()
+        self._refused: dict[int, str] = {}
         self._cond = threading.Condition()
         self._last_offered: int | None = None
         config = LinkConfig(broker=broker, client_id=client_id or f"strata-publisher-{os.getpid()}-{id(self):x}",
                             clean_session=True, username=username, password=password, ca_file=ca_file,
-                            cert_file=cert_file, key_file=key_file)
-        self.link = MqttLink(config, on_ack=self._on_ack).start()
+                            cert_file=cert_file, key_file=key_file, protocol="auto")
+        self.link = MqttLink(config, on_ack=self._on_ack, on_refused=self._on_refused).start()
 
     def _on_ack(self, mid: int) -> None:
         with self._cond:
             self._acked.add(mid)
             self._cond.notify_all()
+
+    def _on_refused(self, mid: int, reason: str) -> None:
+        with self._cond:
+            self._refused[mid] = reason
+            self._cond.notify_all()
+
+    def _wait_acked(self, what: str, sent: dict[int, str]) -> None:
+        """Block until every mid in `sent` (mid -> topic) is acknowledged; raise `PublishError` on a refusal."""
+        deadline = time.monotonic() + self.ack_timeout_s
+        with self._cond:
+            try:
+                while not set(sent) <= self._acked:
+                    refused = [(mid, self._refused[mid]) for mid in sent if mid in self._refused]
+                    if refused:
+                        mid, reason = refused[0]
+                        raise PublishError(f"the broker refused {what} on {sent[mid]}: {reason}; publish with the "
+                                           "cloud identity of `strata broker config` (--username cloud)")
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise PublishError(f"the broker acknowledged {len(set(sent) & self._acked)} of {len(sent)} "
+                                           f"messages of {what} within {self.ack_timeout_s}s")
+                    self._cond.wait(left)
+            finally:
+                self._acked -= set(sent)
+                for mid in sent:
+                    self._refused.pop(mid, None)
 
     def __enter__(self) -> Publisher:
         return self
@@ -87,20 +114,12 @@ class Publisher:
             raise PublishError(f"Publisher.publish: not connected to {self.link.config.broker} after "
                                f"{self.ack_timeout_s}s (state {self.link.state.value}: {self.link.last_error}); "
                                "check the broker URL and credentials")
-        mids = [self._send(self.topics.policy_chunk(parsed.policy, c.index), c.encode()) for c in chunks]
+        sent = {self._send(self.topics.policy_chunk(parsed.policy, c.index), c.encode()):
+                self.topics.policy_chunk(parsed.policy, c.index) for c in chunks}
         latest = ann.encode() if chunks else data
-        mids.append(self._send(self.topics.policy_latest(parsed.policy), latest))
-        mids.append(self._send(self.topics.announce, ann.encode()))
-        deadline = time.monotonic() + self.ack_timeout_s
-        with self._cond:
-            while not set(mids) <= self._acked:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise PublishError(f"Publisher.publish: the broker acknowledged {len(set(mids) & self._acked)} "
-                                       f"of {len(mids)} messages of {parsed.policy} v{parsed.version} within "
-                                       f"{self.ack_timeout_s}s")
-                self._cond.wait(left)
-            self._acked -= set(mids)
+        sent[self._send(self.topics.policy_latest(parsed.policy), latest)] = self.topics.policy_latest(parsed.policy)
+        sent[self._send(self.topics.announce, ann.encode())] = self.topics.announce
+        self._wait_acked(f"Publisher.publish of {parsed.policy} v{parsed.version}", sent)
         return ann
 
     def publish_device_bundle(self, bundle: Bundle | bytes) -> None:
@@ -111,16 +130,8 @@ class Publisher:
         if not self.link.wait_connected(self.ack_timeout_s):
             raise PublishError(f"Publisher.publish_device_bundle: not connected to {self.link.config.broker} after "
                                f"{self.ack_timeout_s}s (state {self.link.state.value}: {self.link.last_error})")
-        mid = self._send(DeviceTopics(self.topics.fleet, "fleet").fleet_device_policy, data)
-        deadline = time.monotonic() + self.ack_timeout_s
-        with self._cond:
-            while mid not in self._acked:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise PublishError(f"Publisher.publish_device_bundle: no acknowledgement within "
-                                       f"{self.ack_timeout_s}s")
-                self._cond.wait(left)
-            self._acked.discard(mid)
+        topic = DeviceTopics(self.topics.fleet, "fleet").fleet_device_policy
+        self._wait_acked("Publisher.publish_device_bundle", {self._send(topic, data): topic})
 
     def _send(self, topic: str, payload: bytes) -> int:
         result = self.link.publish(topic, payload, retain=True)

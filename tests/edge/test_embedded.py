@@ -15,6 +15,7 @@ def test_agents_switch_on_the_embedded_broker(tmp_path: Path) -> None:
         configs = [agent_config(tmp_path, f"n{i}", pub, broker.url, fleet="demo") for i in range(2)]
         with running_agents(configs) as agents, Publisher(broker=broker.url, fleet="demo") as publisher:
             publisher.publish(cartpole_bundle(key, 1))
+            assert publisher.link.protocol == "3.1.1"  # amqtt refuses MQTT 5: the publisher fell back
             wait_until(lambda: all(a.version == 1 for a in agents), timeout=30, what="both on v1")
             publisher.publish(cartpole_bundle(key, 2))
             wait_until(lambda: all(a.version == 2 for a in agents), timeout=30, what="both on v2")

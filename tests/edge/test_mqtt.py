@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -38,7 +39,7 @@ def test_unreachable_broker_is_a_state_and_backoff_doubles_to_the_cap() -> None:
             enough.set()
 
     link = MqttLink(LinkConfig(broker=f"mqtt://127.0.0.1:{free_port()}", client_id="lonely", reconnect_min_s=0.25,
-                               reconnect_max_s=4.0), sleep=sleep).start()
+                               reconnect_max_s=4.0, reconnect_jitter=0.0), sleep=sleep).start()
     try:
         assert enough.wait(60)
         assert link.state is LinkState.UNREACHABLE and "Connection refused" in (link.last_error or "")
@@ -47,6 +48,35 @@ def test_unreachable_broker_is_a_state_and_backoff_doubles_to_the_cap() -> None:
         assert link.publish("a/b", b"later").state is PublishState.HELD
     finally:
         link.close()
+
+
+def test_reconnect_delays_are_jittered_so_a_fleet_does_not_return_in_step() -> None:
+    slept: list[list[float]] = [[], []]
+    done = [threading.Event(), threading.Event()]
+    release = threading.Event()
+
+    def sleeper(i: int) -> Callable[[float], None]:
+        def sleep(delay: float) -> None:
+            slept[i].append(delay)
+            if len(slept[i]) >= 8:
+                done[i].set()
+                release.wait(60)  # hold the link here until the test closes it
+        return sleep
+
+    links = [MqttLink(LinkConfig(broker=f"mqtt://127.0.0.1:{free_port()}", client_id=f"j{i}", reconnect_min_s=0.25,
+                                 reconnect_max_s=4.0), sleep=sleeper(i)) for i in range(2)]
+    for link in links:
+        link.start()
+    try:
+        assert done[0].wait(60) and done[1].wait(60)
+    finally:
+        release.set()
+        for link in links:
+            link.close()
+    ceilings = [0.25, 0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
+    for delays in slept:
+        assert all(c / 2 <= d <= c for d, c in zip(delays[:8], ceilings, strict=True)), delays
+    assert slept[0][:8] != slept[1][:8]
 
 
 def test_reconnects_after_a_broker_restart_and_resubscribes(mosquitto: Mosquitto) -> None:

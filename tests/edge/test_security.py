@@ -146,3 +146,31 @@ def test_a_node_cannot_take_over_another_nodes_client_id(tmp_path: Path, mosquit
         n2.publish(t.node("n2", "status"), b"n2 still here", retain=True)
         wait_until(lambda: (t.node("n2", "status"), b"n2 still here") in seen, what="n2 still publishing")
         assert n2.connects == 1
+
+
+def test_a_refused_publish_is_reported_with_its_mqtt5_reason_code(tmp_path: Path,
+                                                                  mosquitto_factory: MosquittoFactory) -> None:
+    import pytest as _pytest
+
+    from edge import PublishError
+    from tests._cli import run_strata
+
+    files = write_broker_config(tmp_path / "bc", fleet="f", nodes=["n1"])
+    broker = mosquitto_factory([f"password_file {files.passwd}", f"acl_file {files.acl}",
+                                "use_username_as_clientid true"], anonymous=False)
+    key, _ = make_keys(tmp_path / "keys")
+    bundle = cartpole_bundle(key, 1)
+    pw = {u: p.read_text().strip() for u, p in files.credentials.items()}
+    with Publisher(broker=broker.url, fleet="f", username="n1", password=pw["n1"]) as publisher, \
+            _pytest.raises(PublishError, match=r"refused .* on strata/f/policies/cartpole/latest: Not authorized "
+                                               r"\(reason code 135\)"):
+        publisher.publish(bundle)
+    assert publisher.link.protocol == "5"
+    with Publisher(broker=broker.url, fleet="f", username="cloud", password=pw["cloud"]) as publisher:
+        publisher.publish(bundle)  # the cloud identity may
+    path = tmp_path / "b.bundle"
+    path.write_bytes(bundle.to_bytes())
+    refused = run_strata("publish", str(path), "--broker", broker.url, "--fleet", "f", "--username", "n1",
+                         "--password-file", str(files.credentials["n1"]))
+    assert refused.returncode == 2 and "Not authorized (reason code 135)" in refused.stderr, refused.stderr
+    assert "published" not in refused.stdout and "Traceback" not in refused.stderr
