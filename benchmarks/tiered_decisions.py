@@ -4,7 +4,7 @@ Setup, all in one run on loopback: a real Mosquitto; an edge policy (the teacher
 default a balancing controller spread over 64 units, or ``--teacher FILE`` for an exported bundle); a micro
 policy distilled from it (`cloud._distill.distill`, one hidden layer of 16); an `edge.EdgeGateway` answering
 escalations with the teacher in onnxruntime and relaying the micro bundle; a `device.DeviceRuntime` on the
-stdlib MQTT client that receives the micro bundle through the gateway. Then, over the same seeded episodes:
+paho link that receives the micro bundle through the gateway. Then, over the same seeded episodes:
 
 - device-only: the micro policy decides everything (threshold 0);
 - edge-only: every decision is escalated (the policy is marked stale at once);

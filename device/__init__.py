@@ -1,7 +1,8 @@
 """strata's device tier: the policy-bundle contract and a numpy-only policy runtime.
 
-The lowest tier: it needs only the standard library, numpy and cryptography, so it runs where
-torch and onnxruntime do not, and every other tier can build on it.
+The lowest tier: it needs only the standard library, numpy, cryptography and (for its broker link) paho-mqtt,
+all pure Python or small wheels, so it runs where torch and onnxruntime do not, and every other tier can build
+on it.
 """
 
 from device._atomic import atomic_file, fsync_dir, write_atomic
@@ -37,7 +38,7 @@ from device._errors import ConfigError, MissingDependencyError, StrataError
 from device._executor import NumpyExecutor, supported_operators
 from device._export_c import export_c
 from device._keys import PublicKey, SigningKey, TrustStore, generate_keypair, load_public_key, load_signing_key
-from device._mqtt_lite import MqttConnectionError, MqttLiteClient, MqttLiteError, MqttProtocolError
+from device._mqtt import DeviceLink, LinkOptions, MqttLinkError
 from device._quantize import quantization_error, quantize_model
 from device._rollout import RolloutBatch
 from device._wire import WireError, pack_arrays, unpack_arrays
@@ -49,6 +50,7 @@ __all__ = [
     "ConfigError",
     "Decision",
     "DeviceConfig",
+    "DeviceLink",
     "DevicePayloadError",
     "DeviceReport",
     "DeviceRunError",
@@ -58,13 +60,11 @@ __all__ = [
     "EscalationRequest",
     "ExpiredBundleError",
     "KeyFileError",
+    "LinkOptions",
     "Manifest",
     "MissingDependencyError",
     "ModelError",
-    "MqttConnectionError",
-    "MqttLiteClient",
-    "MqttLiteError",
-    "MqttProtocolError",
+    "MqttLinkError",
     "NumpyExecutor",
     "PublicKey",
     "RollbackError",

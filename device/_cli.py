@@ -59,7 +59,8 @@ def _register_device(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     device_sub = device.add_subparsers(dest="device_command", metavar="COMMAND", required=True)
     run = device_sub.add_parser(
         "run", help="act on a local env with a micro policy relayed by the edge, escalating uncertain steps",
-        description="Connect to the edge node's broker with the stdlib MQTT client, wait for a verified device "
+        description="Connect to the edge node's broker (paho-mqtt; --username/--password-file and TLS for a secure "
+        "broker), wait for a verified device "
         "bundle on the edge's device-policy topic, act on a local gymnasium env (standing in for sensors) with "
         "the numpy executor and escalate low-confidence or stale decisions to the edge within a latency budget. "
         "Ends with one JSON line: returns, decisions per tier, escalated fraction, latencies.")

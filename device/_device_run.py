@@ -9,23 +9,27 @@ Per decision (`TieredController.decide`):
    without a recorded region has confidence 1;
 2. the observation is escalated when the confidence is under the threshold, or when the policy is stale
    (older than ``stale_after_s``, or past its expiry);
-3. an escalation is one request to the edge with a correlation id; the device waits at most the latency budget
-   for the reply, and on timeout (or when the edge has no answer or the link is down) uses its own action;
+3. an escalation is one request to the edge with a correlation id. The latency budget is a hard deadline counted
+   from the start of the decision (the micro policy's own time included): the device waits for the reply only
+   until it expires, and then (or at once when the link is down or the edge has no answer) uses its own action;
 4. every decision records the tier that decided it: ``device``, ``edge`` or ``device-fallback``.
 
-`DeviceRuntime` is the I/O around it, on the stdlib MQTT client (`device._mqtt_lite`): it receives device
-bundles on its edge's retained device-policy topic, verifies each (`Verifier`, tier ``device``: signature,
-digest, expiry, anti-rollback persisted in a state file) and swaps the executor only for a bundle that passes;
-a refused bundle leaves the running policy in place. Topics and payloads are in `device._device_topics`.
+`DeviceRuntime` is the I/O around it, on paho-mqtt (`device._mqtt`; username/password and TLS for a secure
+broker, reconnect by paho): it receives device bundles on its edge's retained device-policy topic, verifies each
+(`Verifier`, tier ``device``: signature, digest, expiry, anti-rollback persisted in a state file) and swaps the
+executor only for a bundle that passes; a refused bundle leaves the running policy in place and is logged once
+(a retained message comes back on every reconnect; the same bytes are not refused, or logged, twice). A message
+over ``max_bundle_bytes`` is refused before it is parsed. Topics and payloads are in `device._device_topics`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import logging
 import math
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +43,9 @@ from device._device_topics import DevicePayloadError, DeviceTopics, EscalationRe
 from device._errors import ConfigError, StrataError
 from device._executor import NumpyExecutor
 from device._keys import TrustStore
-from device._mqtt_lite import MqttLiteClient, MqttLiteError
+from device._mqtt import DeviceLink, LinkOptions, MqttLinkError, parse_broker
+
+log = logging.getLogger("strata.device")
 
 Tier = Literal["device", "edge", "device-fallback"]
 TIERS: tuple[Tier, ...] = ("device", "edge", "device-fallback")
@@ -55,7 +61,17 @@ class DeviceConfig:
 
     # Link
     broker: str = "mqtt://127.0.0.1:1883"
-    """MQTT broker the edge node serves its devices on: ``mqtt://host:port`` (TLS is not supported here)."""
+    """MQTT broker the edge node serves its devices on: ``mqtt://host:1883`` or ``mqtts://host:8883`` (TLS)."""
+    username: str | None = None
+    """Broker username (on a broker from `strata broker config --devices`: the device id)."""
+    password_file: str | None = None
+    """File holding the broker password (``credentials/DEVICE.password`` from `strata broker config`)."""
+    ca_file: str | None = None
+    """CA certificate (PEM) that verifies a TLS broker; default: the system's CAs."""
+    cert_file: str | None = None
+    """Client certificate (PEM) for brokers that authenticate devices by certificate."""
+    key_file: str | None = None
+    """Private key (PEM) of `cert_file`."""
     fleet: str = "default"
     """Fleet name (topic segment)."""
     edge_node: str = "edge-0"
@@ -68,6 +84,8 @@ class DeviceConfig:
     """Anti-rollback state file (JSON); None keeps it in memory only."""
     keepalive_s: int = 30
     """MQTT keepalive."""
+    max_bundle_bytes: int = 256 * 1024
+    """Largest device bundle accepted; a bigger message on the device-policy topic is refused unread (logged once)."""
 
     # Decisions
     confidence: Literal["margin", "entropy"] = "margin"
@@ -89,6 +107,14 @@ class DeviceConfig:
             raise ConfigError(f"DeviceConfig: threshold must be in [0, 1], got {self.threshold}")
         if not self.budget_ms > 0:
             raise ConfigError(f"DeviceConfig: budget_ms must be > 0, got {self.budget_ms}")
+        try:
+            parse_broker(self.broker)
+        except ValueError as exc:
+            raise ConfigError(f"DeviceConfig: {exc}") from None
+        if self.key_file and not self.cert_file:
+            raise ConfigError("DeviceConfig: key_file without cert_file; pass --cert-file too, or drop --key-file")
+        if self.max_bundle_bytes < 1024:
+            raise ConfigError(f"DeviceConfig: max_bundle_bytes must be >= 1024, got {self.max_bundle_bytes}")
 
 
 def confidence_of(logits: np.ndarray, measure: str) -> float:
@@ -255,7 +281,7 @@ class TieredController:
         threshold: Escalate below this confidence.
         region: Confidence of a Box policy (`StateRegion`); None gives Box policies confidence 1 (they
             escalate only when stale). Not used for Discrete policies.
-        budget_ms: Latency budget handed to `escalate`.
+        budget_ms: Deadline of a decision that escalates, counted from its start; `escalate` gets what is left.
         is_stale: Whether the running policy is stale now.
         clock: Monotonic clock.
     """
@@ -282,7 +308,8 @@ class TieredController:
         if not stale and conf >= self.threshold:
             return Decision(own, "device", "confident", conf, self.clock() - start)
         reason = "stale" if stale else "low-confidence"
-        reply = self.escalate(x[0], self.budget_s)
+        left = self.budget_s - (self.clock() - start)  # the budget is a deadline for the whole decision
+        reply = self.escalate(x[0], left) if left > 0 else None
         if reply is None or reply.action is None:
             cause = "timeout" if reply is None else (reply.error or "no action")
             return Decision(own, "device-fallback", f"{reason}; {cause}", conf, self.clock() - start)
@@ -323,15 +350,13 @@ class DeviceReport:
                 "bundles_refused": list(self.bundles_refused)}
 
 
-def _host_port(url: str) -> tuple[str, int]:
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme not in ("mqtt", "tcp") or not parsed.hostname:
-        raise ConfigError(f"DeviceConfig: broker {url!r} must be of the form mqtt://host:port (no TLS on the "
-                          "device link)")
+def read_password_file(path: str) -> str:
+    """The broker password stored in `path` (surrounding whitespace removed); `ConfigError` naming the fix."""
     try:
-        return parsed.hostname, parsed.port or 1883
-    except ValueError:
-        raise ConfigError(f"DeviceConfig: broker {url!r} has an invalid port") from None
+        return Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"DeviceConfig: cannot read the broker password file {path!r}: {exc}; pass the file "
+                          "`strata broker config --devices` wrote (credentials/DEVICE.password)") from None
 
 
 class DeviceRuntime:
@@ -351,9 +376,14 @@ class DeviceRuntime:
         self.verifier = Verifier(trust=trust, tier="device",
                                  state_path=Path(config.state_path) if config.state_path else None, clock=clock)
         self._clock = clock
-        host, port = _host_port(config.broker)
-        self.client = MqttLiteClient(host=host, port=port, client_id=config.device_id, keepalive_s=config.keepalive_s,
-                                     on_message=self._on_message)
+        host, port, tls = parse_broker(config.broker)
+        password = read_password_file(config.password_file) if config.password_file else None
+        options = LinkOptions(host=host, port=port, client_id=config.device_id, tls=tls, keepalive_s=config.keepalive_s,
+                              username=config.username, password=password, ca_file=config.ca_file,
+                              cert_file=config.cert_file, key_file=config.key_file)
+        self.link = DeviceLink(options, on_message=self._on_message,
+                               subscriptions=[(self._reply_topic, 0), (self.topics.device_policy, 1)])
+        self._seen_refused: set[bytes] = set()
         self._lock = threading.Lock()
         self._policy_ready = threading.Condition(self._lock)
         self.bundle: Bundle | None = None
@@ -365,59 +395,32 @@ class DeviceRuntime:
         self._prefix = f"{config.device_id}-{int(time.time() * 1000) % 1_000_000}"
         self.late_replies = 0
         self.bad_replies = 0
-        self.reconnects = 0
-        self._closing = threading.Event()
-        self._watcher: threading.Thread | None = None
 
     # -------------------------------------------------------------------------------- link
 
-    def connect(self) -> DeviceRuntime:
-        """Connect to the broker, subscribe to the device-policy and reply topics, and keep reconnecting.
+    @property
+    def reconnects(self) -> int:
+        """Times the link was made again after it was lost (paho reconnects, 1 s doubling to 10 s)."""
+        return max(0, self.link.connects - 1)
 
-        While the link is down the device keeps acting on its own policy (escalations fall back at once); a
-        background thread reconnects with exponential backoff (0.25 s doubling to 10 s) and subscribes again.
+    def connect(self) -> DeviceRuntime:
+        """Connect to the broker and subscribe to the device-policy and reply topics; paho reconnects from then on.
+
+        While the link is down the device keeps acting on its own policy (escalations fall back at once).
 
         Raises:
-            DeviceRunError: The first connection cannot be made.
+            DeviceRunError: The first connection cannot be made (unreachable, refused credentials, bad TLS files).
         """
         try:
-            self._connect_once()
-        except MqttLiteError as exc:
-            self.client.close()
+            self.link.connect()
+        except MqttLinkError as exc:
             raise DeviceRunError(f"strata device run: cannot reach the edge's broker {self.config.broker}: {exc}"
                                  ) from None
-        self._closing.clear()
-        self._watcher = threading.Thread(target=self._reconnect_loop, name=f"device-link-{self.config.device_id}",
-                                         daemon=True)
-        self._watcher.start()
         return self
 
-    def _connect_once(self) -> None:
-        self.client.connect()
-        self.client.subscribe(self._reply_topic, qos=0)
-        self.client.subscribe(self.topics.device_policy, qos=1)
-
-    def _reconnect_loop(self) -> None:
-        delay = 0.25
-        while not self._closing.wait(0.1):
-            if self.client.connected:
-                delay = 0.25
-                continue
-            try:
-                self._connect_once()
-                self.reconnects += 1
-            except MqttLiteError:
-                self.client.close()
-                self._closing.wait(delay)
-                delay = min(delay * 2.0, 10.0)
-
     def close(self) -> None:
-        """Stop reconnecting and disconnect."""
-        self._closing.set()
-        if self._watcher is not None:
-            self._watcher.join(timeout=5)
-            self._watcher = None
-        self.client.close()
+        """Disconnect."""
+        self.link.close()
 
     def __enter__(self) -> DeviceRuntime:
         return self.connect()
@@ -440,7 +443,22 @@ class DeviceRuntime:
                 waiter[1].append(reply)
             waiter[0].set()
         elif topic == self.topics.device_policy:
+            if len(payload) > self.config.max_bundle_bytes:
+                self._refuse(payload, f"a {len(payload):,} byte message on {topic} exceeds max_bundle_bytes="
+                                      f"{self.config.max_bundle_bytes:,}; not a device bundle, or raise "
+                                      "--max-bundle-bytes")
+                return
             self.offer(payload)
+
+    def _refuse(self, data: bytes, why: str) -> None:
+        """Record and log a refused bundle once: a retained message comes back on every reconnect."""
+        digest = hashlib.sha256(data).digest()
+        with self._lock:
+            if digest in self._seen_refused:
+                return
+            self._seen_refused.add(digest)
+            self.refused.append(why)
+        log.warning("strata device %s: refused a device bundle: %s", self.config.device_id, why)
 
     # -------------------------------------------------------------------------------- policy
 
@@ -460,8 +478,7 @@ class DeviceRuntime:
             dim = math.prod(int(d) for d in bundle.manifest.observation_space.get("shape", ()))
             region = StateRegion.from_manifest(bundle.manifest.preprocessing, dim=dim)
         except (BundleError, ModelError) as exc:
-            with self._lock:
-                self.refused.append(str(exc))
+            self._refuse(bytes(data), str(exc))
             return False
         self.verifier.accept(bundle)
         with self._lock:
@@ -506,10 +523,8 @@ class DeviceRuntime:
         try:
             request = EscalationRequest(id=rid, obs=tuple(float(v) for v in np.ravel(obs)),
                                         budget_ms=budget_s * 1000.0)
-            try:
-                self.client.publish(self._request_topic, request.encode(), qos=0)
-            except MqttLiteError:
-                return None
+            if not self.link.publish(self._request_topic, request.encode(), qos=0):
+                return None  # no link: fall back now, not after the budget
             event.wait(budget_s)
             return slot[0] if slot else None
         finally:

@@ -4,7 +4,7 @@
 (threads of this process, each with its own cache folder and simulator) until each acts on the bundle's
 version for a while, and returns the fleet as `strata fleet` shows it. With a device bundle, the agents also
 serve terminal devices (`edge._gateway`): the bundle is published to the fleet's device topic, each edge
-relays it, and `devices` device runtimes (the device tier's stdlib MQTT client and numpy executor) act on
+relays it, and `devices` device runtimes (the device tier's paho link and numpy executor) act on
 their own simulators, escalating low-confidence observations to their edge.
 """
 

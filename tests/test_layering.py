@@ -26,9 +26,9 @@ BELOW: dict[str, set[str]] = {
     "cloud": {"infra", "functions", "edge", "device"},
 }
 THIRD_PARTY: dict[str, set[str]] = {
-    "device": {"numpy", "cryptography"},
-    "functions": {"numpy", "cryptography", "gymnasium", "grpc", "grpc_health", "google", "awslambdaric", "lz4"},
-    "infra": {"numpy", "cryptography", "gymnasium", "grpc", "google", "boto3", "botocore"},
+    "device": {"numpy", "cryptography", "paho"},
+    "functions": {"numpy", "cryptography", "paho", "gymnasium", "grpc", "grpc_health", "google", "awslambdaric", "lz4"},
+    "infra": {"numpy", "cryptography", "paho", "gymnasium", "grpc", "google", "boto3", "botocore"},
     "edge": {"numpy", "cryptography", "paho", "onnxruntime", "gymnasium", "amqtt"},
     "cloud": {"numpy", "cryptography", "paho", "onnxruntime", "gymnasium", "grpc", "google", "boto3",
               "botocore", "torch", "onnx", "rich", "matplotlib", "amqtt", "tensorboard"},

@@ -141,7 +141,7 @@ def test_device_verifies_bundles_and_times_out_without_an_edge(model: bytes, tmp
 
 def test_device_reconnects_after_a_broker_restart_and_escalates_again(model: bytes, tmp_path: Path,
                                                                       mosquitto_factory: object) -> None:
-    from device._mqtt_lite import MqttLiteClient
+    from device import DeviceLink, LinkOptions
 
     broker = mosquitto_factory()  # type: ignore[operator]
     trust = TrustStore([load_public_key(generate_keypair(tmp_path / "keys")[1])])
@@ -156,15 +156,17 @@ def test_device_reconnects_after_a_broker_restart_and_escalates_again(model: byt
             d = runtime.controller().decide(np.array([0.0, 0.1, 0, 0], np.float32))
             assert d.tier in ("device-fallback", "edge")
             time.sleep(0.05)
-        assert runtime.reconnects >= 1 and runtime.client.connected
+        assert runtime.reconnects >= 1 and runtime.link.connected
 
         def answer(topic: str, payload: bytes, retained: bool) -> None:
             req = EscalationRequest.decode(topic, payload)
-            edge.publish(topics.reply("dev-r"), EscalationReply(id=req.id, action=(0.0,), policy_version=4).encode())
+            # A QoS 1 publish from inside on_message: paho queues it, the callback does not block.
+            edge.publish(topics.reply("dev-r"), EscalationReply(id=req.id, action=(0.0,), policy_version=4).encode(),
+                         qos=1)
 
-        edge = MqttLiteClient(host=broker.host, port=broker.port, client_id="fake-edge", on_message=answer).connect()
+        edge = DeviceLink(LinkOptions(host=broker.host, port=broker.port, client_id="fake-edge"), on_message=answer,
+                          subscriptions=[(topics.all_requests, 0)]).connect()
         try:
-            edge.subscribe(topics.all_requests, qos=0)
             d = runtime.controller().decide(np.array([0.0, 0.1, 0, 0], np.float32))
         finally:
             edge.close()
@@ -186,3 +188,73 @@ def test_box_policies_escalate_only_when_stale() -> None:
     d = c.decide(obs)
     assert d.tier == "edge" and d.action.dtype == np.float32
     np.testing.assert_array_equal(d.action, np.array([0.25, -0.5], np.float32))
+
+
+def test_the_budget_is_a_deadline_for_the_whole_decision(model: bytes) -> None:
+    """Issue 21: the escalation got the full budget after the micro policy's own time. Now it gets what is left,
+    and none at all (an immediate fallback) when the budget is already spent."""
+    now = [0.0]
+    budgets: list[float] = []
+
+    class SlowPolicy:
+        def __init__(self, cost_s: float) -> None:
+            self.inner, self.cost_s = NumpyExecutor(model), cost_s
+
+        def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            now[0] += self.cost_s  # the fake clock: inference took cost_s
+            return self.inner.run(feeds)
+
+        def act(self, obs: np.ndarray) -> np.ndarray:
+            return self.inner.act(obs)
+
+    def edge(obs: np.ndarray, budget_s: float) -> None:
+        budgets.append(budget_s)
+        now[0] += budget_s  # nobody answers: the wait runs out
+        return None
+
+    for cost_s, expect in ((0.015, [pytest.approx(0.005)]), (0.025, [])):
+        budgets.clear()
+        now[0] = 0.0
+        c = TieredController(SlowPolicy(cost_s), discrete=True, escalate=edge, threshold=0.5, budget_ms=20.0,
+                             clock=lambda: now[0])
+        d = c.decide(np.array([0.0, 0.1, 0, 0], np.float32))
+        assert (d.tier, d.reason) == ("device-fallback", "low-confidence; timeout")
+        assert budgets == expect
+        assert d.latency_s == pytest.approx(max(cost_s, 0.020))
+
+
+def test_an_oversized_retained_message_is_refused_once_without_reconnecting(
+        model: bytes, tmp_path: Path, mosquitto_factory: object, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 21: a 1.5 MiB retained message on the device-policy topic made the old client reconnect 58 times in
+    6 s. Now it is refused unread, logged once, the link stays up, and a bundle of the right size still installs."""
+    from device import DeviceLink, LinkOptions
+
+    broker = mosquitto_factory(["persistence true"])  # type: ignore[operator]  # retained survives the restart
+    trust = TrustStore([load_public_key(generate_keypair(tmp_path / "keys")[1])])
+    topics = DeviceTopics("f3", "e")
+    cloud = DeviceLink(LinkOptions(host=broker.host, port=broker.port, client_id="cloud"), on_message=lambda *a: None,
+                       subscriptions=[]).connect()
+    try:
+        assert cloud.publish(topics.device_policy, b"\x00" * (1536 * 1024), qos=1, retain=True, wait_s=60)
+        config = DeviceConfig(broker=broker.url, fleet="f3", edge_node="e", device_id="dev-big")
+        with caplog.at_level("WARNING", logger="strata.device"), DeviceRuntime(config, trust=trust) as runtime:
+            deadline = time.monotonic() + 60
+            while not runtime.refused and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert runtime.refused == [f"a 1,572,864 byte message on {topics.device_policy} exceeds "
+                                       "max_bundle_bytes=262,144; not a device bundle, or raise --max-bundle-bytes"]
+            broker.restart()  # the retained message comes back on the reconnect: refused, but not again
+            while runtime.reconnects < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert runtime.reconnects == 1
+            cloud.close()
+            cloud = DeviceLink(LinkOptions(host=broker.host, port=broker.port, client_id="cloud"),
+                               on_message=lambda *a: None, subscriptions=[]).connect()
+            assert cloud.publish(topics.device_policy, _device_bundle(model, tmp_path / "keys", version=1), qos=1,
+                                 retain=True, wait_s=60)
+            assert runtime.wait_for_policy(60).manifest.version == 1
+            assert len(runtime.refused) == 1 and runtime.reconnects == 1
+        assert [r.getMessage() for r in caplog.records].count(
+            f"strata device dev-big: refused a device bundle: {runtime.refused[0]}") == 1
+    finally:
+        cloud.close()

@@ -12,10 +12,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from device import Bundle, TrustStore, build_bundle, generate_keypair, load_public_key, load_signing_key
+from device import (
+    Bundle,
+    DeviceLink,
+    LinkOptions,
+    TrustStore,
+    build_bundle,
+    generate_keypair,
+    load_public_key,
+    load_signing_key,
+)
 from device._device_run import DeviceConfig, DeviceRuntime, run_device
 from device._device_topics import DeviceTopics, EscalationReply, EscalationRequest
-from device._mqtt_lite import MqttLiteClient
 from edge._gateway import EdgeGateway, GatewayConfig
 from edge._policy import OnnxPolicy
 from tests._cli import run_strata
@@ -62,8 +70,9 @@ def _fleet() -> str:
 
 
 def _publish_fleet_bundle(broker: Mosquitto, fleet: str, data: bytes) -> None:
-    with MqttLiteClient(host=broker.host, port=broker.port, client_id=f"cloud-{uuid.uuid4().hex[:8]}") as c:
-        c.publish(DeviceTopics(fleet, "x").fleet_device_policy, data, qos=1, retain=True)
+    options = LinkOptions(host=broker.host, port=broker.port, client_id=f"cloud-{uuid.uuid4().hex[:8]}")
+    with DeviceLink(options, on_message=lambda *a: None, subscriptions=[]) as c:
+        assert c.publish(DeviceTopics(fleet, "x").fleet_device_policy, data, qos=1, retain=True, wait_s=60)
 
 
 def test_device_gets_its_bundle_through_the_edge_and_escalates(mosquitto: Mosquitto, keys: Path,
@@ -121,8 +130,8 @@ def _collect_replies(broker: Mosquitto, topics: DeviceTopics, device: str, reque
         if len(replies) >= expect:
             done.set()
 
-    with MqttLiteClient(host=broker.host, port=broker.port, client_id=device, on_message=on_message) as c:
-        c.subscribe(topics.reply(device), qos=0)
+    options = LinkOptions(host=broker.host, port=broker.port, client_id=device)
+    with DeviceLink(options, on_message=on_message, subscriptions=[(topics.reply(device), 0)]) as c:
         for r in requests:
             c.publish(topics.request(device), r.encode())
         c.publish(topics.request(device), b"{not json")  # a bad request is dropped, never answered
