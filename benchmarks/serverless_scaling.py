@@ -10,6 +10,10 @@ Measured in one run against its baselines:
 3. rollout throughput of `cloud._serverless.ServerlessRolloutSource` at concurrency 1, 2, 4, 8 (CartPole,
    random policy) against the handler in-process on one core; scaling efficiency = throughput(c) /
    (c * throughput(1)). Goal: >= 0.8 at concurrency = cores.
+4. the cost of carrying episodes across invocations (`functions._envstate`): bytes of carries per
+   invocation and per fragment (sent with the event + returned with the result, base64 as on the wire)
+   next to the fragment's own bytes, and ms per invocation with carries against the same source with
+   ``carry_episodes=False``, alternating windows on one warm runtime; plus the handler alone, in-process.
 
 Run: ``.venv/bin/python benchmarks/serverless_scaling.py [--quick]``; the last line is one JSON object.
 """
@@ -142,6 +146,59 @@ def source_throughputs(levels: tuple[int, ...], envs: int, steps: int, rollouts_
                     "gb_seconds": sources[c].stats.gb_seconds} for c in levels}
 
 
+def _handler_ms(envs: int, steps: int, rounds: int) -> dict[str, float]:
+    """p50 ms of the rollout handler in-process, fresh vs continued from the previous call's carries (interleaved)."""
+    fresh, carried = [], []
+    carry: list[Any] = [None] * envs
+    seq = 0
+    for r in range(rounds + 2):
+        t = time.perf_counter()
+        json.loads(json.dumps(rollout_handler(rollout_event(envs, steps, seed=r), None)))
+        took_fresh = time.perf_counter() - t
+        event = {**rollout_event(envs, steps), "carry": carry, "seq_base": seq}
+        t = time.perf_counter()
+        out = json.loads(json.dumps(rollout_handler(json.loads(json.dumps(event)), None)))
+        took_carried = time.perf_counter() - t
+        carry, seq = out["carry"], seq + steps
+        if r >= 2:  # the first calls make the envs
+            fresh.append(took_fresh)
+            carried.append(took_carried)
+    return {"handler_fresh_ms": statistics.median(fresh) * 1e3, "handler_carried_ms": statistics.median(carried) * 1e3}
+
+
+def measure_carry(envs: int, steps: int, rollouts: int, repeats: int) -> dict[str, float]:
+    """Milliseconds per invocation with and without carries (alternating windows, one warm runtime), carry bytes."""
+    import contextlib
+
+    spec = FunctionSpec(name="strata-rollout", handler="functions._handlers.rollout_handler", reserved_concurrency=2)
+    with contextlib.ExitStack() as stack:
+        rt = stack.enter_context(LocalRuntime(SourceTreeFunctions([spec]), config=RuntimeConfig(port=0)))
+        sources = {}
+        for carry in (True, False):
+            cfg = local_scaling(ServerlessConfig(lambda_endpoint_url=rt.url, envs_per_invocation=envs,
+                                                 steps_per_invocation=steps, min_concurrency=1, max_concurrency=1,
+                                                 target_steps_per_s=1e12, carry_episodes=carry))
+            sources[carry] = stack.enter_context(ServerlessRolloutSource(cfg))
+            for _ in sources[carry].fragments(count=2):  # warm, and give the carrying source its first carries
+                pass
+        ms: dict[bool, list[float]] = {True: [], False: []}
+        fragment_bytes: list[int] = []
+        for _ in range(repeats):
+            for carry, source in sources.items():
+                t = time.perf_counter()
+                for b in source.fragments(count=rollouts):
+                    fragment_bytes.append(len(b.to_bytes()))
+                ms[carry].append((time.perf_counter() - t) / rollouts * 1e3)
+        st = sources[True].stats
+        per_rollout = (st.carry_bytes_sent + st.carry_bytes_received) / max(st.rollouts, 1)
+        return {"carry_bytes_per_invocation": per_rollout, "carry_bytes_per_stream": per_rollout / envs / 2,
+                "carry_bytes_per_fragment": per_rollout / sources[True].config.fragments_per_rollout,
+                "fragment_bytes": statistics.median(fragment_bytes),
+                "invocation_ms_carried": statistics.median(ms[True]),
+                "invocation_ms_fresh": statistics.median(ms[False]),
+                "episodes_continued": st.episodes_continued}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small budgets: done in under a minute")
@@ -188,11 +245,22 @@ def main() -> None:
                         "vs_inproc_linear": round(eff_inproc, 3), "cost_usd": r["cost_usd"]}
         print(f"{'  concurrency ' + str(c):<34}{r['steps_per_s']:>12.0f} steps/s  efficiency {eff:5.2f}  "
               f"vs min(c, cores) x in-process {eff_inproc:4.2f}  est. AWS cost ${r['cost_usd']:.7f}")
+    carry_rows: dict[str, Any] = {}
+    print(f"\ncarrying episodes across invocations (CartPole, random policy, concurrency 1, steps per invocation "
+          f"{steps})")
+    print(f"{'  envs per invocation':<24}{'carry B/inv':>12}{'B/stream':>10}{'fragment B':>12}{'ms/inv fresh':>14}"
+          f"{'carried':>9}{'handler ms fresh':>18}{'carried':>9}")
+    for n in (1, envs):
+        row = {**measure_carry(n, steps, 4 if q else 12, 2 if q else 5), **_handler_ms(n, steps, 6 if q else 30)}
+        carry_rows[str(n)] = {k: round(v, 3) for k, v in row.items()}
+        print(f"{'  ' + str(n):<24}{row['carry_bytes_per_invocation']:>12.0f}{row['carry_bytes_per_stream']:>10.0f}"
+              f"{row['fragment_bytes']:>12.0f}{row['invocation_ms_fresh']:>14.2f}{row['invocation_ms_carried']:>9.2f}"
+              f"{row['handler_fresh_ms']:>18.2f}{row['handler_carried_ms']:>9.2f}")
     at_cores = rows[str(min((1, 2, 4, 8), key=lambda c: abs(c - cores)))]
     figures = {"benchmark": "serverless_scaling", "quick": q, "cores": cores,
                **{k: round(v, 4) for k, v in overhead.items()},
                **{k: round(v, 2) for k, v in cold.items()},
-               "inproc_steps_per_s": round(base), "throughput": rows,
+               "inproc_steps_per_s": round(base), "throughput": rows, "carry": carry_rows,
                "efficiency_at_cores": at_cores["efficiency"],
                "goal_overhead_p50_le_2ms": overhead["overhead_p50_ms"] <= 2.0,
                "goal_efficiency_at_cores_ge_0_8": at_cores["efficiency"] >= 0.8}

@@ -409,6 +409,11 @@ def restore(env: Any, state: EnvState) -> None:
         device.WireError: the state does not fit the env (see `check`).
     """
     check(env, state)
+    write_checked(env, state)
+
+
+def write_checked(env: Any, state: EnvState) -> None:
+    """`restore` without the check, for a state `decode_env_state` / `decode_carry` checked against `env`."""
     layers = _chain(env)
     for i, (layer, saved) in enumerate(zip(layers, state.layers, strict=True)):
         codec = _lookup(layer)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from device import RolloutBatch
-from functions._envstate import StreamCarry, capture, codec_gap, encode_carry, restore
+from functions._envstate import StreamCarry, capture, codec_gap, encode_carry, write_checked
 from functions._errors import NoEnvCodecError, SimulationError
 from functions._events import EnvSpec, RolloutRequest
 
@@ -105,7 +105,7 @@ def simulate(request: RolloutRequest, envs: Sequence[Any], act: Act, *, policy_v
         envs: ``request.num_envs`` gymnasium envs; each is reset with its seed first, or restored from its carry.
         act: Batched policy, ``obs[N, *S] -> actions[N, *A]``.
         policy_version: Recorded with every transition.
-        carries: Per stream, the running episode to continue (decoded and checked against its env), or None.
+        carries: Per stream, the running episode to continue (from `decode_carry` against its env), or None.
 
     Raises:
         SimulationError: an env refused an action or returned a malformed step.
@@ -123,7 +123,7 @@ def simulate(request: RolloutRequest, envs: Sequence[Any], act: Act, *, policy_v
         if carry is None:
             first.append(np.asarray(env.reset(seed=seed)[0], dtype=np.float32))
         else:
-            restore(env, carry.state)
+            write_checked(env, carry.state)  # decode_carry checked it against this env
             first.append(carry.obs)
             running[i], lengths[i] = carry.episode_return, carry.episode_length
     obs_now = np.asarray(np.stack(first), dtype=np.float32)
