@@ -334,3 +334,18 @@ def test_carries_and_seq_base_round_trip_through_the_event_and_the_result() -> N
     assert isinstance(back, RolloutResult) and (back.carry, back.carry_note) == ((None, None), "why")
     with pytest.raises(ValueError, match=re.escape("event field 'carry[0]': is not valid base64")):
         parse_rollout_event({**request.to_event(), "carry": ["not base64!", None]})
+
+
+def test_a_result_over_6mb_sends_its_fragments_to_s3_and_keeps_its_carries_inline(aws_env: Any) -> None:
+    import boto3
+
+    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="results")
+    event = {"rollout_id": "big", "env": {"id": "CartPole-v1"}, "num_envs": 64, "steps": 2000, "fragment_length": 500,
+             "policy": {"kind": "random"}, "carry": [None] * 64, "result": {"s3_bucket": "results"}}
+    first = _invoke(event)
+    assert "fragments" not in first and len(first["fragment_refs"]) == 4  # over 6 MB: the fragments went to S3
+    assert len(first["carry"]) == 64 and all(isinstance(c, str) for c in first["carry"])
+    second = _invoke({**event, "rollout_id": "big-2", "carry": first["carry"], "seq_base": 2000, "steps": 5,
+                      "fragment_length": None})
+    reset_caches()
+    assert second["steps"] == 5 and all(isinstance(c, str) for c in second["carry"])
