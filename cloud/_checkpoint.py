@@ -26,12 +26,15 @@ def checkpoint_path(run_dir: Path, version: int) -> Path:
     return Path(run_dir) / CHECKPOINT_DIR / f"{version:09d}.pt"
 
 
-def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:
-    """Write `state` (which must hold an int ``"version"``) atomically as the checkpoint of that version."""
+def save_checkpoint(run_dir: Path, state: dict[str, Any], *, durable: bool = True) -> Path:
+    """Write `state` (which must hold an int ``"version"``) atomically as the checkpoint of that version.
+
+    `durable` fsyncs it (it survives a power loss); without, it survives a kill of the process only.
+    """
     import torch
 
     path = checkpoint_path(run_dir, int(state["version"]))
-    with atomic_file(path) as f:
+    with atomic_file(path, durable=durable) as f:
         torch.save({"format": FORMAT, **state}, f)
     return path
 
@@ -52,9 +55,22 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Load a checkpoint with ``weights_only=True`` (tensors and plain values only, never code)."""
+    import pickle
+    import zipfile
+
     import torch
 
-    state: dict[str, Any] = torch.load(Path(path), map_location="cpu", weights_only=True)
+    try:
+        state: dict[str, Any] = torch.load(Path(path), map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ConfigError(f"load_checkpoint: {path} does not exist") from None
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"load_checkpoint: {path} is not a readable strata checkpoint (truncated, empty or "
+                          f"corrupt: {first[:160]}); delete it to fall back to the previous checkpoint") from None
+    if not isinstance(state, dict) or "version" not in state:
+        raise ConfigError(f"load_checkpoint: {path} is not a strata checkpoint (no version); delete it to fall "
+                          "back to the previous checkpoint")
     if state.get("format") != FORMAT:
         raise ConfigError(f"load_checkpoint: {path} has checkpoint format {state.get('format')!r}, "
                           f"this strata reads format {FORMAT}; export it with the strata that wrote it")

@@ -134,6 +134,7 @@ def _train(args: argparse.Namespace) -> int:
     from cloud._checkpoint import latest_checkpoint, load_checkpoint
     from cloud._metrics import METRICS_FILE
     from cloud._ppo import PPOConfig
+    from cloud._stop import StopSignal
     from cloud._switcher import SwitchRules
     from cloud._switching import SwitchingConfig
     from cloud._train import train
@@ -152,10 +153,14 @@ def _train(args: argparse.Namespace) -> int:
         config = dataclasses.replace(PPOConfig.from_dict(load_checkpoint(newest)["config"]), **given)
     else:
         config = PPOConfig(**given)
-    result = train(env_id=args.env, total_steps=args.total_steps, run_dir=args.run_dir, seed=args.seed,
-                   config=config, resume=args.resume, target_return=args.target_return,
-                   confirm_episodes=args.confirm_episodes, checkpoint_every=args.checkpoint_every,
-                   switching=config_from_args(SwitchingConfig, args), rules=config_from_args(SwitchRules, args))
+    try:
+        result = train(env_id=args.env, total_steps=args.total_steps, run_dir=args.run_dir, seed=args.seed,
+                       config=config, resume=args.resume, target_return=args.target_return,
+                       confirm_episodes=args.confirm_episodes, checkpoint_every=args.checkpoint_every,
+                       switching=config_from_args(SwitchingConfig, args), rules=config_from_args(SwitchRules, args),
+                       resume_command=_resume_command(args))
+    except StopSignal as stop:
+        return stop.exit_status  # the stop line said where the checkpoint is
     solved = ("" if result.solved_at_step is None
               else f", reached {args.target_return} at step {result.solved_at_step:,}")
     print(f"strata train: {args.env}: policy version {result.policy_version}, {result.global_step:,} env steps, "
@@ -169,6 +174,17 @@ def _train(args: argparse.Namespace) -> int:
               f"gaps {result.accounting['gaps']}")
     print(f"strata train: checkpoint {result.checkpoint}; metrics {args.run_dir / METRICS_FILE}")
     return 0
+
+
+def _resume_command(args: argparse.Namespace) -> str:
+    """The command line that continues this run: the one given, with ``--resume``."""
+    import shlex
+
+    argv = list(getattr(args, "argv", None) or ["train", "--env", args.env, "--run-dir", str(args.run_dir),
+                                                 "--total-steps", str(args.total_steps)])
+    if "--resume" not in argv:
+        argv.append("--resume")
+    return shlex.join(["strata", *argv])
 
 
 def _train_sac(args: argparse.Namespace) -> int:

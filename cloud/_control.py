@@ -136,10 +136,11 @@ class ControlServer:
         return self
 
     def stop(self) -> None:
-        """Stop serving and withdraw the advertisement."""
+        """Stop serving and withdraw the advertisement and the token (a stopped job answers no one)."""
         self._httpd.shutdown()
         self._httpd.server_close()
         (self.run_dir / CONTROL_FILE).unlink(missing_ok=True)
+        (self.run_dir / TOKEN_FILE).unlink(missing_ok=True)
 
 
 @dataclass(frozen=True, kw_only=True)

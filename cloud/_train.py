@@ -6,6 +6,10 @@ loads the newest checkpoint and continues the same lineage (version, env-step co
 normaliser and recent returns). Env state cannot be checkpointed: a resumed run starts fresh
 episodes, seeded from the seed and the version so it does not replay the first run's streams.
 
+Every way the run stops (Ctrl-C, SIGTERM, a source failure, a learner error) leaves a checkpoint at
+the last completed update and one line saying how to resume (`cloud._stop`); ``--resume`` continues
+from the same global step and policy version, and drops the metrics lines past it.
+
 Experience comes from a `cloud._switcher.Switcher` over the run's modes (`cloud._switching`): one
 mode (``PPOConfig.env_mode``) by default, or several between which the run switches live, by rule
 or by `strata switch`. Completed switches are appended to ``switches.jsonl``; while the run is
@@ -25,11 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from cloud._checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from cloud._checkpoint import latest_checkpoint, load_checkpoint
 from cloud._control import SWITCHES_FILE
 from cloud._envs import make_vector_env, probe_spaces
-from cloud._metrics import MetricsWriter
+from cloud._metrics import METRICS_FILE, MetricsWriter
 from cloud._ppo import Episode, PPOConfig, ppo_update
+from cloud._stop import Checkpointer, clone_state, stop_line, stop_signals, trim_jsonl
 from cloud._switcher import SwitchEvent, SwitchRules
 from cloud._switching import FRAGMENT_MODES, JobControl, PolicyPublisher, SwitchingConfig, build_switcher
 from device import ConfigError, require, space_to_json
@@ -89,6 +94,7 @@ def train(
     log: Callable[[str], None] = _print,
     switching: SwitchingConfig | None = None,
     rules: SwitchRules | None = None,
+    resume_command: str | None = None,
 ) -> TrainResult:
     """Train PPO on `env_id` until `total_steps` env steps (over the lineage) or `target_return` is reached.
 
@@ -110,6 +116,8 @@ def train(
         log: Where progress lines and notices go.
         switching: The modes the run may use (default: only ``config.env_mode``) and the control endpoint.
         rules: Automatic switching rules (default: none; manual switches only).
+        resume_command: The command the stop line tells the user to run (default: the basic
+            ``strata train ... --resume``).
 
     Raises:
         ConfigError: Bad arguments, an env with unsupported spaces, a fresh run into a dir that
@@ -136,6 +144,10 @@ def train(
             raise ConfigError(f"train: run dir {str(run_dir)!r} trains {state['env_id']!r}, not {env_id!r}; "
                               f"resume with --env {state['env_id']}")
         config = config or PPOConfig.from_dict(state["config"])
+        # The run may have gone on past this checkpoint (a kill): its later lines would be logged twice.
+        stop_at = int(state["version"])
+        trim_jsonl(run_dir / METRICS_FILE, lambda r: int(r.get("policy_version", 0)) <= stop_at)
+        trim_jsonl(run_dir / SWITCHES_FILE, lambda r: int(r.get("at_version", 0)) <= stop_at)
     elif latest_checkpoint(run_dir) is not None:
         raise ConfigError(f"train: run dir {str(run_dir)!r} already has checkpoints; pass --resume to continue "
                           "that run or choose another --run-dir")
@@ -151,111 +163,124 @@ def train(
     obs_space, action_space = probe_spaces(env_id)
     switcher = None
     control: JobControl | None = None
-    try:
-        assert isinstance(obs_space, gym.spaces.Box)  # check_spaces checked the spaces
-        discrete = isinstance(action_space, gym.spaces.Discrete)
-        action_dim = int(action_space.n) if discrete else int(np.prod(action_space.shape or ()))
-        agent = Agent(obs_dim=int(np.prod(obs_space.shape)), action_dim=action_dim,
-                      discrete=discrete, hidden_sizes=config.hidden_sizes, init_log_std=config.init_log_std)
-        # fused: one kernel for all parameters; on these tiny nets it cuts ~25% of the CPU time of a gradient step.
-        optimizer = torch.optim.Adam(agent.parameters(), lr=config.learning_rate, eps=1e-5, fused=True)
-        normalizer = ObsNormalizer(obs_space.shape, clip=config.obs_clip, enabled=config.normalize_obs)
-        recent: collections.deque[float] = collections.deque(maxlen=100)
-        if state:
-            agent.load_state_dict(state["agent"])
-            optimizer.load_state_dict(state["optimizer"])
-            normalizer.load_state_dict(state["normalizer"])
-            recent.extend(float(r) for r in state["recent_returns"])
-        spaces = {"observation_space": space_to_json(obs_space), "action_space": space_to_json(action_space)}
-        publisher = None
-        if any(m in FRAGMENT_MODES for m in switching.modes):
-            publisher = PolicyPublisher(run_dir, agent=agent, normalizer=normalizer,
-                                        obs_space=spaces["observation_space"], action_space=spaces["action_space"],
-                                        policy=env_id.split("-")[0].lower())
-        switcher = build_switcher(env_id=env_id, config=config, switching=switching, rules=rules or SwitchRules(),
-                                  run_dir=run_dir, seed=env_seed, agent=agent, normalizer=normalizer,
-                                  publisher=publisher, log=log, first_version=version)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _append_jsonl(run_dir / SWITCHES_FILE, {"from_mode": None, "to_mode": switcher.mode, "reason": "initial mode",
-                                                "trigger": "start", "at_step": global_step, "at_version": version,
-                                                "pause_s": 0.0})
-        if switching.control:
-            control = JobControl(switcher, env_id=env_id, run_dir=run_dir).start()
+    checkpointer = Checkpointer(run_dir, keep_every=checkpoint_every, start_version=version)
+    resume_command = resume_command or (f"strata train --env {env_id} --run-dir {run_dir} --total-steps "
+                                        f"{total_steps} --resume")
+    with stop_signals():
+        try:
+            assert isinstance(obs_space, gym.spaces.Box)  # check_spaces checked the spaces
+            discrete = isinstance(action_space, gym.spaces.Discrete)
+            action_dim = int(action_space.n) if discrete else int(np.prod(action_space.shape or ()))
+            agent = Agent(obs_dim=int(np.prod(obs_space.shape)), action_dim=action_dim,
+                          discrete=discrete, hidden_sizes=config.hidden_sizes, init_log_std=config.init_log_std)
+            # fused: one kernel for all parameters; on these tiny nets it cuts ~25% of the CPU time of a gradient step.
+            optimizer = torch.optim.Adam(agent.parameters(), lr=config.learning_rate, eps=1e-5, fused=True)
+            normalizer = ObsNormalizer(obs_space.shape, clip=config.obs_clip, enabled=config.normalize_obs)
+            recent: collections.deque[float] = collections.deque(maxlen=100)
+            if state:
+                agent.load_state_dict(state["agent"])
+                optimizer.load_state_dict(state["optimizer"])
+                normalizer.load_state_dict(state["normalizer"])
+                recent.extend(float(r) for r in state["recent_returns"])
+            spaces = {"observation_space": space_to_json(obs_space), "action_space": space_to_json(action_space)}
+            publisher = None
+            if any(m in FRAGMENT_MODES for m in switching.modes):
+                publisher = PolicyPublisher(run_dir, agent=agent, normalizer=normalizer,
+                                            obs_space=spaces["observation_space"], action_space=spaces["action_space"],
+                                            policy=env_id.split("-")[0].lower())
+            switcher = build_switcher(env_id=env_id, config=config, switching=switching, rules=rules or SwitchRules(),
+                                      run_dir=run_dir, seed=env_seed, agent=agent, normalizer=normalizer,
+                                      publisher=publisher, log=log, first_version=version)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            _append_jsonl(run_dir / SWITCHES_FILE, {"from_mode": None, "to_mode": switcher.mode,
+                                                    "reason": "initial mode", "trigger": "start",
+                                                    "at_step": global_step, "at_version": version, "pause_s": 0.0})
+            if switching.control:
+                control = JobControl(switcher, env_id=env_id, run_dir=run_dir).start()
 
-        def checkpoint() -> Path:
-            return save_checkpoint(run_dir, {
-                "algo": "ppo", "env_id": env_id, "seed": seed, "version": version, "global_step": global_step,
-                "config": config.to_dict(), **spaces, "agent": agent.state_dict(),
-                "optimizer": optimizer.state_dict(), "normalizer": normalizer.state_dict(),
-                "recent_returns": list(recent),
-            })
+            def commit() -> None:
+                """The update is complete: its state becomes what any stop checkpoints."""
+                checkpointer.commit(clone_state({
+                    "algo": "ppo", "env_id": env_id, "seed": seed, "version": version, "global_step": global_step,
+                    "config": config.to_dict(), **spaces, "agent": agent.state_dict(),
+                    "optimizer": optimizer.state_dict(), "normalizer": normalizer.state_dict(),
+                    "recent_returns": list(recent),
+                }))
 
-        num_updates = config.num_updates(total_steps)
-        episodes: list[Episode] = []
-        solved_at_step: int | None = None
-        solved_at_s: float | None = None
-        greedy_return: float | None = None
-        last_confirm = -CONFIRM_EVERY
-        started = time.perf_counter()
-        start_step = global_step
-        display = _Progress(total_steps, start_step, enabled=sys.stdout.isatty() if progress is None else progress,
-                            log=log, env_id=env_id)
-        last_path: Path | None = None
-        with MetricsWriter(run_dir) as metrics, display:
-            while global_step < total_steps and solved_at_step is None:
-                if config.anneal_lr:
-                    frac = max(0.0, 1.0 - version / num_updates)
-                    optimizer.param_groups[0]["lr"] = frac * config.learning_rate
-                batch, new_episodes = switcher.collect(policy_version=version, global_step=global_step)
-                global_step += batch.size
-                values = ppo_update(agent, optimizer, normalizer, batch, config, generator=generator)
-                version += 1
-                normalizer.update(batch.obs)
+            num_updates = config.num_updates(total_steps)
+            episodes: list[Episode] = []
+            solved_at_step: int | None = None
+            solved_at_s: float | None = None
+            greedy_return: float | None = None
+            last_confirm = -CONFIRM_EVERY
+            started = time.perf_counter()
+            start_step = global_step
+            display = _Progress(total_steps, start_step, enabled=sys.stdout.isatty() if progress is None else progress,
+                                log=log, env_id=env_id)
+            with MetricsWriter(run_dir) as metrics, display:
+                while global_step < total_steps and solved_at_step is None:
+                    if config.anneal_lr:
+                        frac = max(0.0, 1.0 - version / num_updates)
+                        optimizer.param_groups[0]["lr"] = frac * config.learning_rate
+                    batch, new_episodes = switcher.collect(policy_version=version, global_step=global_step)
+                    global_step += batch.size
+                    values = ppo_update(agent, optimizer, normalizer, batch, config, generator=generator)
+                    version += 1
+                    normalizer.update(batch.obs)
 
-                episodes += new_episodes
-                recent.extend(e.episodic_return for e in new_episodes)
-                elapsed = time.perf_counter() - started
-                window = list(recent)[-RETURN_WINDOW:]
-                mean_return = float(np.mean(window)) if window else float("nan")
-                if new_episodes:
-                    values["charts/episodic_return"] = float(np.mean([e.episodic_return for e in new_episodes]))
-                    values["charts/episodic_length"] = float(np.mean([e.episodic_length for e in new_episodes]))
-                values["charts/mean_return_20"] = mean_return
-                values["charts/learning_rate"] = float(optimizer.param_groups[0]["lr"])
-                values["perf/env_steps_per_s"] = (global_step - start_step) / max(elapsed, 1e-9)
-                event = switcher.at_boundary(step=global_step, version=version, update=version,
-                                             mean_return=mean_return)
-                if event is not None:
-                    values["switch/pause_s"] = event.pause_s
-                    _append_jsonl(run_dir / SWITCHES_FILE, event.to_dict())
-                metrics.log(global_step=global_step, policy_version=version, values=values)
-                display.update(global_step, mean_return, values["perf/env_steps_per_s"], mode=switcher.mode)
-                if control is not None:
-                    control.update(state="training", step=global_step, policy_version=version,
-                                   mean_return=None if np.isnan(mean_return) else mean_return,
-                                   env_steps_per_s=values["perf/env_steps_per_s"])
-                if target_return is not None and len(window) >= RETURN_WINDOW and mean_return >= target_return:
-                    if confirm_episodes == 0:
-                        solved_at_step, solved_at_s = global_step, elapsed
-                    elif version - last_confirm >= CONFIRM_EVERY:
-                        last_confirm = version
-                        greedy_return = evaluate_greedy(agent, normalizer, env_id, episodes=confirm_episodes,
-                                                        seed=seed + 1_000_003 + version)
-                        metrics.log(global_step=global_step, policy_version=version,
-                                    values={"charts/greedy_return": greedy_return})
-                        if greedy_return >= target_return:
-                            solved_at_step, solved_at_s = global_step, time.perf_counter() - started
-                if version % checkpoint_every == 0:
-                    last_path = checkpoint()
-            if last_path is None or int(last_path.stem) != version:
-                last_path = checkpoint()
-        accounting = {"produced": switcher.produced(), **switcher.accounting.check()}
-        switches = tuple(switcher.history)
-    finally:
-        if control is not None:
-            control.stop()
-        if switcher is not None:
-            switcher.close()
+                    episodes += new_episodes
+                    recent.extend(e.episodic_return for e in new_episodes)
+                    elapsed = time.perf_counter() - started
+                    window = list(recent)[-RETURN_WINDOW:]
+                    mean_return = float(np.mean(window)) if window else float("nan")
+                    if new_episodes:
+                        values["charts/episodic_return"] = float(np.mean([e.episodic_return for e in new_episodes]))
+                        values["charts/episodic_length"] = float(np.mean([e.episodic_length for e in new_episodes]))
+                    values["charts/mean_return_20"] = mean_return
+                    values["charts/learning_rate"] = float(optimizer.param_groups[0]["lr"])
+                    values["perf/env_steps_per_s"] = (global_step - start_step) / max(elapsed, 1e-9)
+                    event = switcher.at_boundary(step=global_step, version=version, update=version,
+                                                 mean_return=mean_return)
+                    if event is not None:
+                        values["switch/pause_s"] = event.pause_s
+                        _append_jsonl(run_dir / SWITCHES_FILE, event.to_dict())
+                    metrics.log(global_step=global_step, policy_version=version, values=values)
+                    display.update(global_step, mean_return, values["perf/env_steps_per_s"], mode=switcher.mode)
+                    if control is not None:
+                        control.update(state="training", step=global_step, policy_version=version,
+                                       mean_return=None if np.isnan(mean_return) else mean_return,
+                                       env_steps_per_s=values["perf/env_steps_per_s"])
+                    if target_return is not None and len(window) >= RETURN_WINDOW and mean_return >= target_return:
+                        if confirm_episodes == 0:
+                            solved_at_step, solved_at_s = global_step, elapsed
+                        elif version - last_confirm >= CONFIRM_EVERY:
+                            last_confirm = version
+                            greedy_return = evaluate_greedy(agent, normalizer, env_id, episodes=confirm_episodes,
+                                                            seed=seed + 1_000_003 + version)
+                            metrics.log(global_step=global_step, policy_version=version,
+                                        values={"charts/greedy_return": greedy_return})
+                            if greedy_return >= target_return:
+                                solved_at_step, solved_at_s = global_step, time.perf_counter() - started
+                    commit()
+                last_path = checkpointer.final()
+            accounting = {"produced": switcher.produced(), **switcher.accounting.check()}
+            switches = tuple(switcher.history)
+        except BaseException as exc:
+            # The stop path: the last completed update is written first, before closing anything can hang or fail.
+            path = checkpointer.final()
+            committed_step = int(checkpointer.committed["global_step"]) if checkpointer.committed else global_step
+            log(stop_line(what="strata train", exc=exc, path=path, step=committed_step, version=checkpointer.version,
+                          resume_command=resume_command))
+            raise
+        finally:
+            checkpointer.close()
+            if control is not None:
+                control.stop()
+            if switcher is not None:
+                switcher.close()
+    if last_path is None:  # a resumed run that was already at its budget: its checkpoint is the newest
+        last_path = latest_checkpoint(run_dir)
+    assert last_path is not None
     window = list(recent)[-RETURN_WINDOW:]
     return TrainResult(run_dir=run_dir, env_id=env_id, policy_version=version, global_step=global_step,
                        wall_s=time.perf_counter() - started, checkpoint=last_path, episodes=episodes,

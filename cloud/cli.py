@@ -38,6 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the process exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed, e.g. for the command that resumes a run
+    from functions._lifetime import watch_parent
+
+    watch_parent()  # a service started by `strata train` (STRATA_PARENT_PID) stops when the trainer is gone
     try:
         return int(args.func(args) or 0)
     except StrataError as exc:

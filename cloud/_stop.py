@@ -1,0 +1,247 @@
+"""Stop and resume: every way a training run stops leaves a checkpoint at its last completed update.
+
+The learner (PPO in `cloud._train`, SAC in `cloud._sac`) drives one `Checkpointer`; its life:
+
+    RUNNING ──update v complete──> commit(v): the state is cloned in memory (well under a millisecond for
+        strata's small nets); every `keep_every` updates it is written durably and kept, otherwise a
+        background thread writes it as the rolling checkpoint (not fsynced) and removes the previous one
+    RUNNING ──Ctrl-C (SIGINT) / SIGTERM / SIGHUP / a source failure / a learner error──> STOPPING
+    STOPPING: SIGINT and SIGTERM are held; the rolling writer is drained; the last commit is written
+        durably as ``checkpoints/{v:09d}.pt``; `stop_line` says in one line where it is and the command
+        that resumes; then the sources are closed and the error goes on (exit 130, 143, or 2)
+    SIGKILL: nothing runs; the newest rolling checkpoint (at most one update behind, or the one being
+        written) is the resume point; child processes notice that their parent died
+        (`functions._lifetime`) and stop, unlinking their shared memory
+    RESUME: the newest checkpoint; `trim_jsonl` drops the lines of ``metrics.jsonl`` and
+        ``switches.jsonl`` past its version, so the logs continue without duplicates
+
+A commit is the only point where the learner's state is consistent (between the optimiser steps of an
+update the weights are neither version v nor v + 1), which is why the stop path writes the commit
+and never the live objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from cloud._checkpoint import checkpoint_path, save_checkpoint
+from device import write_atomic
+
+_SIGNALS = ("SIGTERM", "SIGHUP")
+"""Signals turned into `StopSignal` (SIGINT already raises KeyboardInterrupt)."""
+
+
+class StopSignal(BaseException):
+    """Raised in the main thread when the process gets SIGTERM or SIGHUP while `stop_signals` is active."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        super().__init__(self.name)
+
+    @property
+    def exit_status(self) -> int:
+        """The shell's status for a process ended by this signal (143 for SIGTERM)."""
+        return 128 + self.signum
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into `StopSignal` while the block runs (only in the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise StopSignal(signum)
+
+    previous = {name: signal.signal(getattr(signal, name), handler) for name in _SIGNALS}
+    try:
+        yield
+    finally:
+        for name, old in previous.items():
+            signal.signal(getattr(signal, name), old)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while the block runs (they are delivered when it ends)."""
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def clone_state(value: Any) -> Any:
+    """A copy of a state dict tree whose tensors are detached clones (containers copied, scalars shared)."""
+    if hasattr(value, "detach") and hasattr(value, "clone"):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: clone_state(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(clone_state(v) for v in value)
+    return value
+
+
+def describe_stop(exc: BaseException) -> str:
+    """What stopped the run, for the stop line."""
+    if isinstance(exc, StopSignal):
+        return exc.name
+    if isinstance(exc, KeyboardInterrupt):
+        return "Ctrl-C (SIGINT)"
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
+class Checkpointer:
+    """Commits of the learner's state, the periodic and rolling checkpoints, and the final one on a stop.
+
+    Args:
+        run_dir: The run dir (checkpoints go to ``checkpoints/``).
+        keep_every: Every this many updates a commit is written durably and kept.
+        start_version: The version the run starts from (a stop before any commit writes nothing new).
+        rolling: Write every other commit in the background as the rolling checkpoint.
+        save: ``save(run_dir, state, durable) -> path``; `cloud._checkpoint.save_checkpoint` by default.
+    """
+
+    def __init__(self, run_dir: Path, *, keep_every: int, start_version: int, rolling: bool = True,
+                 save: Callable[[Path, dict[str, Any], bool], Path] | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.keep_every = keep_every
+        self.start_version = start_version
+        self._save = save or (lambda run_dir, state, durable: save_checkpoint(run_dir, state, durable=durable))
+        self._committed: dict[str, Any] | None = None
+        self._on_disk: set[int] = set()
+        self.last_path: Path | None = None
+        self._rolling = rolling
+        self._cond = threading.Condition()
+        self._pending: dict[str, Any] | None = None
+        self._writing = False
+        self._closed = False
+        self._rolled: int | None = None  # version of the rolling checkpoint on disk
+        self._thread: threading.Thread | None = None
+        if rolling:
+            self._thread = threading.Thread(target=self._writer, name="strata-checkpoint", daemon=True)
+            self._thread.start()
+
+    @property
+    def committed(self) -> dict[str, Any] | None:
+        """The state of the last completed update, or None before the first."""
+        return self._committed
+
+    @property
+    def version(self) -> int:
+        """Version of the last commit (the start version before any)."""
+        return int(self._committed["version"]) if self._committed is not None else self.start_version
+
+    def commit(self, state: dict[str, Any]) -> None:
+        """Record `state` (already cloned, holding ``"version"``) as the last completed update."""
+        self._committed = state
+        version = int(state["version"])
+        if version % self.keep_every == 0:
+            self._write(state, durable=True)
+        elif self._rolling:
+            with self._cond:
+                self._pending = state
+                self._cond.notify_all()
+
+    def _write(self, state: dict[str, Any], *, durable: bool) -> Path:
+        path = self._save(self.run_dir, state, durable)
+        self._on_disk.add(int(state["version"]))
+        self.last_path = path
+        return path
+
+    def _writer(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closed:
+                    self._cond.wait()
+                if self._pending is None:
+                    return
+                state, self._pending = self._pending, None
+                self._writing = True
+            try:
+                version = int(state["version"])
+                self._save(self.run_dir, state, False)
+                previous, self._rolled = self._rolled, version
+                if previous is not None and previous != version and previous % self.keep_every:
+                    checkpoint_path(self.run_dir, previous).unlink(missing_ok=True)
+            except Exception:
+                pass
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()
+
+    def drain(self) -> None:
+        """Wait until the rolling writer is idle."""
+        with self._cond:
+            while self._pending is not None or self._writing:
+                self._cond.wait()
+
+    def final(self) -> Path | None:
+        """Write the last commit durably (unless it already is) and return it; None if nothing was committed."""
+        self.drain()
+        state = self._committed
+        if state is None:
+            return None
+        version = int(state["version"])
+        if version in self._on_disk and self.last_path is not None and int(self.last_path.stem) == version:
+            return self.last_path
+        with signals_held():
+            return self._write(state, durable=True)
+
+    def close(self) -> None:
+        """Stop the rolling writer (after its current write)."""
+        with self._cond:
+            self._closed = True
+            self._pending = None
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def stop_line(*, what: str, exc: BaseException, path: Path | None, step: int, version: int,
+              resume_command: str) -> str:
+    """The one line a stopped run prints: why, where the checkpoint is and how to resume."""
+    why = describe_stop(exc)
+    if path is None:
+        return (f"{what}: stopped by {why} before completing an update; nothing new to checkpoint "
+                f"(resume point unchanged)")
+    return (f"{what}: stopped by {why} at step {step:,} (policy version {version}); checkpoint {path}; "
+            f"resume with: {resume_command}")
+
+
+def trim_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> int:
+    """Rewrite the JSONL file `path` without the records `keep` rejects and without torn lines; return drops."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    kept: list[str] = []
+    dropped = 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            dropped += 1  # a line torn by a kill
+            continue
+        if isinstance(record, dict) and keep(record):
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        write_atomic(path, "".join(f"{line}\n" for line in kept))
+    return dropped

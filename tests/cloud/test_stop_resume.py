@@ -1,0 +1,266 @@
+"""Every way a training run stops leaves a checkpoint at its last completed update, and --resume continues it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from cloud._checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from cloud._metrics import read_metrics
+from cloud._ppo import PPOConfig
+from cloud._stop import Checkpointer, StopSignal, stop_signals, trim_jsonl
+from cloud._train import train
+from tests._cli import STRATA, run_strata
+
+TINY = ("--num-envs", "2", "--num-steps", "16", "--update-epochs", "1", "--hidden-sizes", "16")
+STEPS_PER_UPDATE = 32
+WAIT_S = 120.0  # generous: only a hung run reaches it
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
+    """Poll `condition` until it is truthy; fail naming `what` if it never is."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def metric_lines(run: Path) -> int:
+    path = run / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def start_train(run: Path, *extra: str) -> subprocess.Popen[str]:
+    """`strata train` with a budget it never reaches; its output goes to files (a pipe would stay open as long
+    as any child that inherited it lives, hiding the failure this module looks for)."""
+    run.parent.mkdir(parents=True, exist_ok=True)
+    with (run.parent / "stdout").open("w") as out, (run.parent / "stderr").open("w") as err:
+        return subprocess.Popen([STRATA, "train", "--env", "CartPole-v1", "--total-steps", "10000000", "--run-dir",
+                                 str(run), "--checkpoint-every", "1000", *TINY, *extra], stdout=out, stderr=err,
+                                text=True)
+
+
+def stopped(proc: subprocess.Popen[str], run: Path) -> tuple[str, str]:
+    """Wait for `proc` to exit; return its stdout and stderr."""
+    proc.wait(timeout=WAIT_S)
+    return (run.parent / "stdout").read_text(), (run.parent / "stderr").read_text()
+
+
+def assert_resumes_exactly(run: Path, updates_more: int = 2) -> None:
+    """The newest checkpoint continues: same step and version, metrics without duplicates or going back."""
+    state = load_checkpoint(latest_checkpoint(run))  # type: ignore[arg-type]
+    version, step = int(state["version"]), int(state["global_step"])
+    assert step == version * STEPS_PER_UPDATE
+    resumed = run_strata("train", "--env", "CartPole-v1", "--run-dir", str(run), "--resume", "--total-steps",
+                         str(step + updates_more * STEPS_PER_UPDATE), "--no-control")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"policy version {version + updates_more}, {step + updates_more * STEPS_PER_UPDATE:,} env steps" \
+        in resumed.stdout
+    versions = [r["policy_version"] for r in read_metrics(run)]
+    assert versions == list(range(1, version + updates_more + 1))
+    assert [r["global_step"] for r in read_metrics(run)] == [v * STEPS_PER_UPDATE for v in versions]
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_checkpoints_the_last_update_and_resume_continues(signum: int, status: int, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = start_train(run, "--env-mode", "sync")
+    try:
+        wait_for(lambda: metric_lines(run) >= 3, "three updates")
+        proc.send_signal(signum)
+        out, err = stopped(proc, run)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == status, err
+    assert "Traceback" not in err
+    [line] = [line for line in out.splitlines() if "stopped by" in line]
+    state = load_checkpoint(latest_checkpoint(run))  # type: ignore[arg-type]
+    version = int(state["version"])
+    assert f"at step {version * STEPS_PER_UPDATE:,} (policy version {version}); checkpoint " \
+           f"{run / 'checkpoints' / f'{version:09d}.pt'}; resume with: strata train --env CartPole-v1" in line
+    assert line.endswith("--resume")
+    # The checkpoint is the last completed update: metrics may hold at most the one being logged when it stopped.
+    assert max(r["policy_version"] for r in read_metrics(run)) in (version, version + 1)
+    assert not (run / "control.json").exists() and not (run / "control.token").exists()
+    assert_resumes_exactly(run)
+
+
+class FlakyEnv(gym.Env[np.ndarray, int]):
+    """CartPole that raises in `step` once `FlakyEnv.fail_after` steps were taken in this process (-1: never)."""
+
+    fail_after = -1
+    steps = 0
+
+    def __init__(self) -> None:
+        self._env = gym.make("CartPole-v1")
+        self.observation_space = self._env.observation_space
+        self.action_space = self._env.action_space
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        return self._env.reset(seed=seed)
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        FlakyEnv.steps += 1
+        if FlakyEnv.fail_after >= 0 and FlakyEnv.steps > FlakyEnv.fail_after:
+            raise RuntimeError("the simulator crashed")
+        obs, reward, terminated, truncated, info = self._env.step(action)
+        return obs, float(reward), terminated, truncated, info
+
+
+def test_a_learner_side_error_checkpoints_the_last_update(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gym.register("strata-test/Flaky-v0", entry_point=FlakyEnv, max_episode_steps=500)
+    config = PPOConfig(num_envs=2, num_steps=16, update_epochs=1, hidden_sizes=(16,), env_mode="sync")
+    monkeypatch.setattr(FlakyEnv, "steps", 0)
+    monkeypatch.setattr(FlakyEnv, "fail_after", 5 * STEPS_PER_UPDATE + 7)  # in the middle of the 6th update
+    lines: list[str] = []
+    with pytest.raises(RuntimeError, match="the simulator crashed"):
+        train(env_id="strata-test/Flaky-v0", total_steps=10_000, run_dir=tmp_path, config=config,
+              checkpoint_every=1000, log=lines.append)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["000000005.pt"]
+    [line] = [line for line in lines if "stopped by" in line]
+    assert "stopped by RuntimeError: the simulator crashed at step 160 (policy version 5)" in line
+    monkeypatch.setattr(FlakyEnv, "fail_after", -1)
+    result = train(env_id="strata-test/Flaky-v0", total_steps=7 * STEPS_PER_UPDATE, run_dir=tmp_path, resume=True,
+                   log=lines.append)
+    assert (result.policy_version, result.global_step) == (7, 7 * STEPS_PER_UPDATE)
+    assert [r["policy_version"] for r in read_metrics(tmp_path)] == list(range(1, 8))
+
+
+def test_a_stop_before_the_first_update_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gym.register("strata-test/Flaky-v1", entry_point=FlakyEnv, max_episode_steps=500)
+    monkeypatch.setattr(FlakyEnv, "steps", 0)
+    monkeypatch.setattr(FlakyEnv, "fail_after", 3)
+    lines: list[str] = []
+    config = PPOConfig(num_envs=2, num_steps=16, update_epochs=1, hidden_sizes=(16,), env_mode="sync")
+    with pytest.raises(RuntimeError):
+        train(env_id="strata-test/Flaky-v1", total_steps=1000, run_dir=tmp_path, config=config, log=lines.append)
+    assert list_checkpoints(tmp_path) == []
+    assert any("before completing an update; nothing new to checkpoint" in line for line in lines)
+
+
+def test_resume_drops_metrics_past_the_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"policy_version": v, "global_step": 10 * v}) + "\n" for v in range(1, 6))
+                    + '{"policy_version": 6, "glo')  # a line torn by SIGKILL
+    assert trim_jsonl(path, lambda r: r["policy_version"] <= 3) == 3
+    assert [json.loads(line)["policy_version"] for line in path.read_text().splitlines()] == [1, 2, 3]
+    assert trim_jsonl(path, lambda r: r["policy_version"] <= 3) == 0
+
+
+def test_checkpointer_keeps_periodic_and_the_newest_rolling_checkpoint(tmp_path: Path) -> None:
+    saved: list[tuple[int, bool]] = []
+
+    def save(run_dir: Path, state: dict[str, Any], durable: bool) -> Path:
+        saved.append((state["version"], durable))
+        return save_checkpoint(run_dir, state, durable=durable)
+
+    checkpointer = Checkpointer(tmp_path, keep_every=4, start_version=0, save=save)
+    try:
+        for version in range(1, 7):
+            checkpointer.commit({"version": version, "format": 1})
+            checkpointer.drain()
+        assert [p.name for p in list_checkpoints(tmp_path)] == ["000000004.pt", "000000006.pt"]
+        assert (4, True) in saved and (6, False) in saved
+        assert checkpointer.final() == tmp_path / "checkpoints" / "000000006.pt"
+        assert saved[-1] == (6, True)  # the final checkpoint is written durably
+    finally:
+        checkpointer.close()
+
+
+def test_stop_signals_turns_sigterm_into_an_exception() -> None:
+    with pytest.raises(StopSignal) as info, stop_signals():
+        os.kill(os.getpid(), signal.SIGTERM)
+        wait_for(lambda: False, "SIGTERM to arrive", timeout=30)
+    assert (info.value.name, info.value.exit_status) == ("SIGTERM", 143)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+# -- nothing outlives the trainer ------------------------------------------------------------------------
+
+
+def _stat(pid: int) -> tuple[int, str, str] | None:
+    """(parent pid, state, start time) of a live process, or None once it is gone (a zombie counts as gone)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return (None if fields[0] == "Z" else (int(fields[1]), fields[0], fields[19]))  # type: ignore[return-value]
+
+
+def descendants(root: int) -> dict[int, str]:
+    """Every live descendant of `root`: pid -> start time (to tell a reused pid from the same process)."""
+    parents: dict[int, list[int]] = {}
+    starts: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (info := _stat(int(entry.name))) is not None:
+            parents.setdefault(info[0], []).append(int(entry.name))
+            starts[int(entry.name)] = info[2]
+    found: dict[int, str] = {}
+    todo = [root]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found[child] = starts[child]
+            todo.append(child)
+    return found
+
+
+def still_running(processes: dict[int, str]) -> list[int]:
+    return [pid for pid, start in processes.items() if (info := _stat(pid)) is not None and info[2] == start]
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def shm_segments(pid: int) -> list[str]:
+    return sorted(p.name for p in Path("/dev/shm").glob(f"strata_colo_{pid}_*"))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
+def test_nothing_outlives_the_trainer_in_any_mode(signum: int, tmp_path: Path) -> None:
+    """Functions (runtime + workers), decoupled (2 env services) and co-located (pool workers), all warm."""
+    run = tmp_path / "run"
+    proc = start_train(run, "--modes", "functions", "decoupled", "colocated", "--fragment-steps", "16")
+    try:
+        wait_for(lambda: metric_lines(run) >= 3, "three updates in the functions mode")
+        children = descendants(proc.pid)
+        lines = [cmdline(pid) for pid in children]
+        assert sum("envs serve" in line for line in lines) == 2, lines
+        assert sum("functions serve" in line for line in lines) == 1, lines
+        assert any("functions._worker" in line for line in lines), lines
+        assert shm_segments(proc.pid), "the co-located pool's shared memory"
+        proc.send_signal(signum)
+        out, err = stopped(proc, run)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signum if signum == signal.SIGKILL else 143, err
+    wait_for(lambda: not still_running(children), f"every child of the trainer to exit after {signum.name}")
+    wait_for(lambda: not shm_segments(proc.pid), "the pool's shared memory to be unlinked")
+    state = load_checkpoint(latest_checkpoint(run))  # type: ignore[arg-type]
+    logged = max(r["policy_version"] for r in read_metrics(run))
+    # Steps lost: at most the update being logged and the rolling checkpoint being written when it stopped.
+    assert logged - int(state["version"]) <= (1 if signum == signal.SIGTERM else 2)
+    if signum == signal.SIGTERM:
+        assert "stopped by SIGTERM" in out
+    assert_resumes_exactly(run)
