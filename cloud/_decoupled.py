@@ -41,6 +41,7 @@ from cloud._envs import VECTOR_ENV_MODES
 from cloud._errors import CloudError
 from device import RolloutBatch, require
 from functions._envservice import EnvServiceClient, ServiceUnavailableError, space_from_json
+from functions._lifetime import child_environment
 
 
 class DecoupledError(CloudError):
@@ -97,7 +98,8 @@ class ServiceProcess:
         # stderr goes to a file, not a pipe: nobody drains a pipe while the service runs, and a full pipe
         # would block the service on its next warning.
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives as long as the process; stop closes it)
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
+                                     env=child_environment())  # it stops when this process is gone
         assert self.proc.stdout is not None
         line = ""
         deadline = time.monotonic() + start_timeout_s

@@ -37,6 +37,7 @@ from gymnasium.vector.utils import write_to_shared_memory
 from cloud._infocodec import encode_info
 from cloud._pool_spin import Spinner
 from cloud._shm import ShmArena, ShmLayout, attach
+from functions._lifetime import watch_parent
 
 log = logging.getLogger(__name__)
 
@@ -438,6 +439,7 @@ def worker_main(
     """Entry point of a worker process: build envs, then serve step commands and control messages."""
     # SIGINT goes to the whole process group on Ctrl-C; the parent decides when its workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    watch_parent(spec.parent_pid)  # also when the parent is killed with SIGKILL while we compute (functions._lifetime)
     arrays = attach(layout, inherited)
     try:
         runner = EnvRunner(spec, arrays, pipe, gym_shm, limit)

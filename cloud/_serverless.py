@@ -699,6 +699,8 @@ class LocalRuntimeProcess:
         import sys
         import tempfile
 
+        from functions._lifetime import child_environment  # the runtime stops when this process is gone
+
         timeout = min(config.function_timeout_s, 900.0)
         memory = min(max(config.memory_mb, 128), 10240)
         spec = (f"{config.function_name}=functions._handlers.rollout_handler,timeout={timeout:g},"
@@ -707,7 +709,8 @@ class LocalRuntimeProcess:
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the process; closed in stop)
         self.proc = subprocess.Popen([sys.executable, "-m", "cloud.cli", "functions", "serve", "--port", "0",
                                       "--function", spec], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=self._stderr, text=True, env={**os.environ, **(environment or {})})
+                                     stderr=self._stderr, text=True,
+                                     env=child_environment({**os.environ, **(environment or {})}))
         first: list[str] = []
         stdout = self.proc.stdout
         assert stdout is not None

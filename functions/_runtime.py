@@ -56,6 +56,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlparse
 
 from functions._errors import RuntimeConfigError
+from functions._lifetime import PARENT_ENV
 
 SYNC_PAYLOAD_LIMIT = 6 * 1024 * 1024
 ASYNC_PAYLOAD_LIMIT = 1024 * 1024
@@ -362,6 +363,7 @@ class _Worker:
             # One Lambda vCPU per 1769 MB; a worker must not spawn a BLAS thread per core of the host.
             "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
+            PARENT_ENV: str(os.getpid()),  # the worker stops when the runtime is gone (functions._lifetime)
         })
         if config.enforce_memory:
             env["STRATA_RLIMIT_AS_BYTES"] = str((spec.memory_mb + config.address_space_slack_mb) * 1024 * 1024)

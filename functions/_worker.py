@@ -15,6 +15,9 @@ import time
 
 def main(argv: list[str]) -> None:
     """Set the address-space limit and the injected cold-start delay, then run awslambdaric's loop."""
+    from functions._lifetime import watch_parent
+
+    watch_parent()  # die with the runtime that started us, even when it is killed with SIGKILL
     limit = int(os.environ.pop("STRATA_RLIMIT_AS_BYTES", "0") or 0)
     if limit > 0:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
