@@ -55,6 +55,7 @@ from typing import Any, Literal
 
 from cloud._errors import CloudError
 from device import Bundle, RolloutBatch
+from functions._errors import EventError
 from functions._events import (
     SYNC_RESPONSE_LIMIT,
     EnvSpec,
@@ -474,8 +475,7 @@ class ServerlessRolloutSource:
             return self._await_async(index, event["rollout_id"], started, out.attempts)
         if not out.ok:
             return _Done(index, None, time.monotonic() - started, 1, out.attempts)
-        result = parse_result(json.loads(out.payload))
-        return _Done(index, result, time.monotonic() - started, 1, out.attempts)
+        return _Done(index, _decode(out.payload), time.monotonic() - started, 1, out.attempts)
 
     def _await_async(self, index: int, rollout_id: str, started: float, attempts: int) -> _Done:
         prefix = f"{self.config.result_prefix}{rollout_id}/"
@@ -486,7 +486,7 @@ class ServerlessRolloutSource:
             markers = sorted(o["Key"] for o in listing.get("Contents", ()) if o["Key"].endswith(".json"))
             if markers:
                 body = s3.get_object(Bucket=self.config.result_bucket, Key=markers[0])["Body"].read()
-                return _Done(index, parse_result(json.loads(body)), time.monotonic() - started, 1, attempts,
+                return _Done(index, _decode(body), time.monotonic() - started, 1, attempts,
                              extra_markers=len(markers) - 1)
             time.sleep(self.config.async_poll_s)
         return _Done(index, None, time.monotonic() - started, 1, attempts)
@@ -644,6 +644,15 @@ class ServerlessRolloutSource:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _decode(payload: bytes) -> RolloutResult | ErrorResult | None:
+    """A function's reply as a result; None (a function error: re-issued and de-duplicated as any other) when
+    it is torn or garbled, so no decode error ever reaches the learner."""
+    try:
+        return parse_result(json.loads(payload))
+    except (ValueError, EventError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None
 
 
 def make_serverless_source(functions: Literal["local", "aws"], config: ServerlessConfig, *,

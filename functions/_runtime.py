@@ -529,8 +529,16 @@ def _make_shim_handler(worker: _Worker) -> type[BaseHTTPRequestHandler]:
                 self._reply(500, b'{"errorMessage": "runtime is shutting down"}')
 
         def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length)
             parts = self.path[len(_RUNTIME_PREFIX):].split("/")
+            if len(body) < length and len(parts) == 3 and parts[0] == "invocation":
+                # The worker died mid-reply (its connection closed early): a torn result is no result. Lambda
+                # reports a runtime that fails this way as an Unhandled function error; so do we.
+                worker.complete(parts[1], _error_body(
+                    f"RequestId: {parts[1]} Error: the runtime's reply was cut short ({len(body)} of {length} "
+                    "bytes); the worker exited mid-reply", "Runtime.ExitError"), "Unhandled")
+                return
             if parts == ["init", "error"]:
                 worker.init_failed(body)
                 self._reply(202, b'{"status": "OK"}')
