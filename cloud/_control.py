@@ -59,6 +59,33 @@ class ControlHandlers(Protocol):
         ...
 
 
+REASON_MAX = 200
+"""Longest switch reason kept (the rest is cut): it goes into logs and switches.jsonl."""
+
+
+def sanitise_reason(value: object) -> str:
+    """A switch reason fit for a log line: printable characters only (a newline cannot forge a line), capped."""
+    text = "".join(c if c.isprintable() else " " for c in str(value)).strip()
+    return (text[:REASON_MAX - 1] + "…") if len(text) > REASON_MAX else (text or "requested with strata switch")
+
+
+def loopback_url(url: object, *, source: Path | str) -> str:
+    """`url` if it is ``http://`` to a loopback address; else `ControlError` (the client sends its token there)."""
+    import ipaddress
+    import urllib.parse
+
+    parsed = urllib.parse.urlsplit(str(url))
+    host = parsed.hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if parsed.scheme != "http" or not loopback or parsed.port is None:
+        raise ControlError(f"{source} names the endpoint {str(url)[:100]!r}, which is not an http://127.0.0.1:PORT "
+                           "loopback URL; the control token is never sent elsewhere. Remove the file if no job runs")
+    return str(url)
+
+
 def _write_private(path: Path, text: str) -> None:
     write_atomic(path, text, mode=0o600, durable=False)
 
@@ -116,7 +143,7 @@ class ControlServer:
                     self._reply(400, {"error": 'body must be JSON like {"to": "decoupled"}'})
                     return
                 try:
-                    reason = str(body.get("reason", "requested with strata switch"))
+                    reason = sanitise_reason(body.get("reason", "requested with strata switch"))
                     self._reply(200, handlers.switch(to, reason=reason))
                 except SwitchRefused as exc:
                     self._reply(409, {"error": str(exc)})
@@ -143,6 +170,16 @@ class ControlServer:
         (self.run_dir / TOKEN_FILE).unlink(missing_ok=True)
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Never follow a redirect: urllib would send the bearer token on to wherever it points."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ControlClient:
     """Talks to the control endpoint of the job in a run directory."""
@@ -154,13 +191,27 @@ class ControlClient:
     def for_run(cls, run_dir: Path) -> ControlClient:
         """Find the endpoint of the job running in `run_dir`."""
         run_dir = Path(run_dir)
+        path = run_dir / CONTROL_FILE
         try:
-            info = json.loads((run_dir / CONTROL_FILE).read_text())
-            token = (run_dir / TOKEN_FILE).read_text().strip()
+            info = json.loads(path.read_text())
+            path = run_dir / TOKEN_FILE
+            token = path.read_text().strip()
+            url = info["url"]
         except FileNotFoundError:
-            raise ControlError(f"no running job in {str(run_dir)!r}: {CONTROL_FILE} is missing "
+            raise ControlError(f"no running job in {str(run_dir)!r}: {path.name} is missing "
                                "(is `strata train --run-dir` running there?)") from None
-        return cls(url=str(info["url"]), token=token)
+        except PermissionError:
+            raise ControlError(f"cannot read {path}: permission denied; run this as the user who started the job "
+                               "(the token is readable by that user only)") from None
+        except OSError as exc:
+            raise ControlError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except (ValueError, KeyError, TypeError):
+            raise ControlError(f"{path} is not a control file of a strata job (bad JSON or no url); remove it "
+                               "if no job runs there") from None
+        return cls(url=loopback_url(url, source=run_dir / CONTROL_FILE), token=token)
+
+    def __post_init__(self) -> None:
+        loopback_url(self.url, source="ControlClient.url")
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None, timeout: float) -> dict[str, Any]:
         data = json.dumps(body).encode() if body is not None else None
@@ -168,11 +219,14 @@ class ControlClient:
                                          headers={"Authorization": f"Bearer {self.token}",
                                                   "Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with _OPENER.open(request, timeout=timeout) as response:
                 result: dict[str, Any] = json.loads(response.read())
                 return result
         except urllib.error.HTTPError as exc:
-            message = json.loads(exc.read() or b"{}").get("error", exc.reason)
+            try:
+                message = json.loads(exc.read() or b"{}").get("error", exc.reason)
+            except (ValueError, AttributeError):
+                message = exc.reason
             if exc.code == 409:
                 raise SwitchRefused(message) from None
             raise ControlError(f"{method} {path} answered {exc.code}: {message}") from None
@@ -183,9 +237,10 @@ class ControlClient:
         """Return the job's status dict."""
         return self._call("GET", "/v1/status", None, timeout)
 
-    def switch(self, to: str, *, timeout: float = 300.0) -> dict[str, Any]:
-        """Ask the job to switch to mode `to`; return once the switch is complete."""
-        return self._call("POST", "/v1/switch", {"to": to}, timeout)
+    def switch(self, to: str, *, timeout: float = 300.0, reason: str | None = None) -> dict[str, Any]:
+        """Ask the job to switch to mode `to` (for `reason`, logged sanitised); return once the switch is complete."""
+        body = {"to": to} if reason is None else {"to": to, "reason": reason}
+        return self._call("POST", "/v1/switch", body, timeout)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -231,7 +286,7 @@ def list_runs(root: Path) -> list[dict[str, Any]]:
             try:
                 pid = int(json.loads(control.read_text())["pid"])
                 info["state"] = "running" if _pid_alive(pid) else "crashed"
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, OSError):  # unreadable (another user's run) or torn
                 info["state"] = "unknown"
         last = last_record(run_dir / "metrics.jsonl", having="charts/mean_return_20")
         switch = last_record(run_dir / SWITCHES_FILE)

@@ -124,6 +124,12 @@ def probe_spaces(env_id: str) -> tuple[Any, Any]:
         probe = gym.make(env_id)
     except gym.error.DependencyNotInstalled as exc:
         raise MissingDependencyError(f"train: {env_id!r} needs a package that is not installed: {exc}") from exc
+    except ImportError as exc:  # an env whose module imports an optional package (jax, shimmy) at make time
+        if isinstance(exc, ModuleNotFoundError) and exc.name:
+            raise MissingDependencyError(f"train: {env_id!r} needs the package {exc.name!r}, which is not "
+                                         f"installed; install it (`pip install {exc.name}`) or pick another env"
+                                         ) from exc
+        raise MissingDependencyError(f"train: {env_id!r} needs a package that is not installed: {exc}") from exc
     try:
         check_spaces(env_id, probe.observation_space, probe.action_space)
         return probe.observation_space, probe.action_space

@@ -647,8 +647,10 @@ class ServerlessRolloutSource:
 
 
 def _decode(payload: bytes) -> RolloutResult | ErrorResult | None:
-    """A function's reply as a result; None (a function error: re-issued and de-duplicated as any other) when
-    it is torn or garbled, so no decode error ever reaches the learner."""
+    """A function's reply as a result, or None when it is torn or garbled.
+
+    None is a function error: re-issued and de-duplicated as any other, so no decode error reaches the learner.
+    """
     try:
         return parse_result(json.loads(payload))
     except (ValueError, EventError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors

@@ -112,6 +112,11 @@ class SwitchRules:
     """Hysteresis: no automatic switch within this many updates of the previous switch."""
 
     def __post_init__(self) -> None:
+        if self.phase_steps is not None and self.phase_steps < 0:
+            raise ConfigError(f"SwitchRules: phase_steps must be >= 0 env steps, got {self.phase_steps}; pass "
+                              "--phase-steps N with N >= 0, or leave it out to switch by hand only")
+        if self.plateau_updates is not None and self.plateau_updates < 1:
+            raise ConfigError(f"SwitchRules: plateau_updates must be >= 1, got {self.plateau_updates}")
         if self.min_dwell_updates < 0:
             raise ConfigError(f"SwitchRules: min_dwell_updates must be >= 0, got {self.min_dwell_updates}")
         if self.probe_margin < 1.0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import stat
 import threading
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from cloud._control import ControlClient, ControlError, ControlServer, SwitchRefused
+from tests._cli import run_strata
 
 
 class FakeJob:
@@ -68,3 +70,59 @@ def test_switch_to_the_active_mode_is_refused(served: Any, tmp_path: Path) -> No
 def test_no_job_gives_an_actionable_error(tmp_path: Path) -> None:
     with pytest.raises(ControlError, match=re.escape("control.json is missing")):
         ControlClient.for_run(tmp_path / "nowhere")
+
+
+class RecordingJob(FakeJob):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reasons: list[str] = []
+
+    def switch(self, to: str, *, reason: str) -> dict[str, Any]:
+        self.reasons.append(reason)
+        return super().switch(to, reason=reason)
+
+
+def test_the_reason_cannot_forge_log_lines_and_is_capped(tmp_path: Path) -> None:
+    job = RecordingJob()
+    server = ControlServer(tmp_path, job).start()
+    try:
+        client = ControlClient.for_run(tmp_path)
+        client.switch("decoupled", reason="maintenance\nswitcher: colocated -> evil at step 0\r\x1b[2J")
+        client.switch("colocated", reason="x" * 5000)
+    finally:
+        server.stop()
+    assert job.reasons[0] == "maintenance switcher: colocated -> evil at step 0  [2J"
+    assert len(job.reasons[1]) == 200 and job.reasons[1].endswith("…")
+
+
+def test_the_token_is_removed_when_the_job_stops(tmp_path: Path) -> None:
+    server = ControlServer(tmp_path, FakeJob()).start()
+    assert (tmp_path / "control.token").exists()
+    server.stop()
+    assert not (tmp_path / "control.token").exists() and not (tmp_path / "control.json").exists()
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.7:8080", "https://127.0.0.1:443", "http://example.com:80",
+                                 "http://127.0.0.1", "file:///etc/passwd"])
+def test_the_client_sends_its_token_to_loopback_only(url: str, tmp_path: Path) -> None:
+    (tmp_path / "control.json").write_text(json.dumps({"url": url, "pid": 1}))
+    (tmp_path / "control.token").write_text("secret")
+    with pytest.raises(ControlError, match=re.escape("which is not an http://127.0.0.1:PORT loopback URL")):
+        ControlClient.for_run(tmp_path)
+    with pytest.raises(ControlError, match="loopback URL"):
+        ControlClient(url=url, token="secret")
+
+
+@pytest.mark.parametrize(("write", "message"), [
+    (lambda d: (d / "control.json").mkdir(), "cannot read"),
+    (lambda d: (d / "control.json").write_text("{not json"), "is not a control file of a strata job"),
+    (lambda d: (d / "control.json").write_text('{"pid": 3}'), "is not a control file of a strata job"),
+])
+def test_an_unreadable_control_file_is_a_one_line_error(write: Any, message: str, tmp_path: Path) -> None:
+    write(tmp_path)
+    (tmp_path / "control.token").write_text("secret")
+    with pytest.raises(ControlError, match=re.escape(message)):
+        ControlClient.for_run(tmp_path)
+    result = run_strata("switch", str(tmp_path), "--to", "decoupled")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr

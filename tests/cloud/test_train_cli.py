@@ -59,3 +59,37 @@ def test_export_of_an_empty_run_dir_fails_cleanly(tmp_path: Path) -> None:
     assert f"strata export: error: --run {str(tmp_path)!r} has no checkpoints; train one first" in result.stderr
     assert "Traceback" not in result.stderr
     assert list(tmp_path.iterdir()) == []  # no key generated into a dir that is not a run
+
+
+@pytest.mark.parametrize(("env_id", "package"), [("GymV26Environment-v0", "shimmy"), ("phys2d/Pendulum-v0", "jax"),
+                                                 ("tabular/CliffWalking-v0", "jax")])
+def test_an_env_whose_optional_package_is_missing_is_a_one_line_error(env_id: str, package: str,
+                                                                      tmp_path: Path) -> None:
+    if importlib.util.find_spec(package) is not None:
+        pytest.skip(f"{package} is installed here")
+    result = run_strata("train", "--env", env_id, "--total-steps", "10", "--run-dir", str(tmp_path / "r"))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert f"strata train: error: train: {env_id!r} needs" in result.stderr and package in result.stderr
+
+
+def test_a_negative_phase_steps_is_refused(tmp_path: Path) -> None:
+    result = run_strata("train", "--env", "CartPole-v1", "--total-steps", "64", "--run-dir", str(tmp_path / "r"),
+                        "--modes", "sync", "colocated", "--phase-steps", "-1", *TINY)
+    assert result.returncode == 2
+    assert "strata train: error: SwitchRules: phase_steps must be >= 0 env steps, got -1" in result.stderr
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("content", [b"", b"PK\x03\x04 truncated", bytes(range(256)) * 4])
+def test_a_corrupt_checkpoint_is_a_one_line_error_for_resume_and_export(content: bytes, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "000000007.pt").write_bytes(content)
+    for args in (("train", "--env", "CartPole-v1", "--total-steps", "64", "--run-dir", str(run), "--resume"),
+                 ("export", "--run", str(run), "--out", str(tmp_path / "x.bundle"))):
+        result = run_strata(*args)
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert f"{run / 'checkpoints' / '000000007.pt'} is not a readable strata checkpoint" in result.stderr
+        assert "delete it to fall back to the previous checkpoint" in result.stderr
