@@ -294,15 +294,18 @@ class EdgeAgent:
             self.link.subscribe(self.topics.node(self.config.node_id, "control"))
             if self._follow is not None:
                 self.link.subscribe(self.topics.policy_latest(self._follow))
-            self.link.start()
             if self.config.serve_devices:
+                # One connection per node: the gateway shares the agent's link (a broker that binds the client id
+                # to the username would otherwise let the two connections of one user take each other over).
                 self.gateway = EdgeGateway(
                     GatewayConfig(broker=self.config.broker, fleet=self.config.fleet, node=self.config.node_id,
                                   state_path=str(Path(self.config.cache_dir) / "device-relay.json"),
                                   username=self.config.username, password=password, ca_file=self.config.ca_file,
                                   cert_file=self.config.cert_file, key_file=self.config.key_file),
                     policy_source=lambda: self.active_policy,
-                    trust=TrustStore([load_public_key(p) for p in self.config.trust])).start(connect_timeout=0.0)
+                    trust=TrustStore([load_public_key(p) for p in self.config.trust]), link=self.link).start()
+            self.link.start()
+
         for target, name in ((self._updater, "updater"), (self._sender, "sender")):
             t = threading.Thread(target=target, name=f"{self.config.node_id}-{name}", daemon=True)
             t.start()
@@ -347,6 +350,9 @@ class EdgeAgent:
         self._sender_wake.set()
 
     def _on_message(self, topic: str, payload: bytes, retained: bool) -> None:
+        gateway = self.gateway
+        if gateway is not None and gateway.handle(topic, payload, retained):
+            return
         try:
             if topic == self.topics.announce:
                 if not payload:

@@ -17,8 +17,8 @@ A node can only be itself: ``use_username_as_clientid true`` makes Mosquitto rep
 sends with its username, so node n1's credentials can never take over client id ``n2`` (which would disconnect
 n2, fire its last will and wipe its persistent session). The flip side: every connection of one user shares
 one client id, and a second connection takes over the first. So each concurrently connected cloud tool (a
-training run's publisher, `strata fleet`) needs a user of its own (``cloud_user=("cloud", "monitor")``), and so
-does a node's device gateway.
+training run's publisher, `strata fleet`) needs a user of its own (``cloud_user=("cloud", "monitor")``). An edge
+agent's device gateway shares the agent's connection for the same reason.
 """
 
 from __future__ import annotations

@@ -98,10 +98,13 @@ class EdgeGateway:
         policy_source: Returns the edge policy to answer with now, or None when the edge has none.
         trust: Keys that may sign device bundles; None turns the relay off (every bundle is refused).
         clock: Monotonic clock for queue ages.
+        link: An existing link to share (the edge agent's); its owner starts and closes it and passes the
+            gateway's messages to `handle`. None opens a link of the gateway's own.
     """
 
     def __init__(self, config: GatewayConfig, *, policy_source: Callable[[], OnnxPolicy | None],
-                 trust: TrustStore | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 trust: TrustStore | None = None, clock: Callable[[], float] = time.monotonic,
+                 link: MqttLink | None = None) -> None:
         self.config = config
         self.topics = DeviceTopics(config.fleet, config.node)
         self.policy_source = policy_source
@@ -110,10 +113,15 @@ class EdgeGateway:
         self.counters = GatewayCounters()
         self._clock = clock
         self._queue: queue.Queue[tuple[str, bytes, float] | None] = queue.Queue(maxsize=config.queue_size)
-        link_config = LinkConfig(broker=config.broker, client_id=f"{config.node}-gateway", clean_session=True,
-                                 username=config.username, password=config.password, ca_file=config.ca_file,
-                                 cert_file=config.cert_file, key_file=config.key_file)
-        self._link = MqttLink(link_config, on_message=self._on_message)
+        # A shared link is the edge agent's own connection: a broker that binds the client id to the username
+        # (`strata broker config`) would let a second connection of the node's user take the first one over.
+        self._owns_link = link is None
+        if link is None:
+            link_config = LinkConfig(broker=config.broker, client_id=f"{config.node}-gateway", clean_session=True,
+                                     username=config.username, password=config.password, ca_file=config.ca_file,
+                                     cert_file=config.cert_file, key_file=config.key_file)
+            link = MqttLink(link_config, on_message=self._on_message)
+        self._link = link
         self._worker: threading.Thread | None = None
         self.last_refusal: str | None = None
 
@@ -126,8 +134,9 @@ class EdgeGateway:
         self._link.subscribe(self.topics.all_requests)
         if self.verifier is not None:
             self._link.subscribe(self.topics.fleet_device_policy)
-        self._link.start()
-        self._link.wait_connected(connect_timeout)
+        if self._owns_link:  # a shared link is started and closed by its owner
+            self._link.start()
+            self._link.wait_connected(connect_timeout)
         self._worker = threading.Thread(target=self._serve, name=f"gateway-{self.config.node}", daemon=True)
         self._worker.start()
         return self
@@ -143,7 +152,8 @@ class EdgeGateway:
             self._queue.put(None)
             self._worker.join(timeout=5)
             self._worker = None
-        self._link.close()
+        if self._owns_link:
+            self._link.close()
 
     def __enter__(self) -> EdgeGateway:
         return self.start()
@@ -173,6 +183,13 @@ class EdgeGateway:
         return True
 
     # ------------------------------------------------------------------------------------ escalations
+
+    def handle(self, topic: str, payload: bytes, retained: bool) -> bool:
+        """Take a message from a shared link; return whether it was one of the gateway's topics."""
+        if topic != self.topics.fleet_device_policy and self.topics.device_of_request(topic) is None:
+            return False
+        self._on_message(topic, payload, retained)
+        return True
 
     def _on_message(self, topic: str, payload: bytes, retained: bool) -> None:
         if topic == self.topics.fleet_device_policy:

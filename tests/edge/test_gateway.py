@@ -29,6 +29,7 @@ from edge._policy import OnnxPolicy
 from tests._cli import run_strata
 from tests._services import Mosquitto
 from tests.cloud.test_distill import cartpole_teacher_model
+from tests.conftest import MosquittoFactory
 from tests.device._models import mlp_policy
 from tests.edge._agents import wait_until
 
@@ -70,7 +71,8 @@ def _fleet() -> str:
 
 
 def _publish_fleet_bundle(broker: Mosquitto, fleet: str, data: bytes) -> None:
-    options = LinkOptions(host=broker.host, port=broker.port, client_id=f"cloud-{uuid.uuid4().hex[:8]}")
+    cloud = f"cloud-{uuid.uuid4().hex[:8]}"
+    options = LinkOptions(host=broker.host, port=broker.port, client_id=cloud, username=cloud)
     with DeviceLink(options, on_message=lambda *a: None, subscriptions=[]) as c:
         assert c.publish(DeviceTopics(fleet, "x").fleet_device_policy, data, qos=1, retain=True, wait_s=60)
 
@@ -245,24 +247,32 @@ def test_box_edge_policy_replies_with_the_action_vector(mosquitto: Mosquitto, ke
     np.testing.assert_allclose(reply.action, policy.act(np.array(obs, np.float32)), atol=1e-6)
 
 
-def test_edge_agent_hosts_the_gateway(mosquitto: Mosquitto, keys: Path, micro: Bundle, tmp_path: Path) -> None:
+@pytest.mark.parametrize("bound", [False, True], ids=["plain-broker", "client-id-bound-to-username"])
+def test_edge_agent_hosts_the_gateway(mosquitto: Mosquitto, keys: Path, micro: Bundle, tmp_path: Path,
+                                      mosquitto_factory: MosquittoFactory, bound: bool) -> None:
+    """The gateway shares the agent's connection, so a broker binding client id to username (the generated
+    config) does not make the agent and its gateway take each other over."""
     from edge import publish_bundle
     from tests.edge._agents import agent_config, running_agents, wait_until
 
+    if bound:
+        mosquitto = mosquitto_factory(["use_username_as_clientid true"])
     fleet = _fleet()
     teacher = _bundle(cartpole_teacher_model(), keys, policy="CartPole-v1", version=6, tier="edge")
     config = agent_config(tmp_path, "edge-host", keys / "strata-signing.pub", mosquitto.url, fleet=fleet,
-                          serve_devices=True)
+                          serve_devices=True, username="edge-host")
     with running_agents([config]) as (agent,):
-        publish_bundle(teacher, broker=mosquitto.url, fleet=fleet)
+        publish_bundle(teacher, broker=mosquitto.url, fleet=fleet, username="cloud")
         assert agent.wait_for_version(6, timeout=30)
         assert agent.gateway is not None
         wait_until(lambda: agent.gateway is not None and agent.gateway.connected, what="gateway link")
         _publish_fleet_bundle(mosquitto, fleet, micro.to_bytes())
         device = DeviceConfig(broker=mosquitto.url, fleet=fleet, edge_node="edge-host", device_id="dev-h",
-                              threshold=0.5, budget_ms=60_000.0)
+                              threshold=0.5, budget_ms=60_000.0, username="dev-h")
         with DeviceRuntime(device, trust=_trust(keys)) as runtime:
             assert runtime.wait_for_policy(60).manifest.target_tier == "device"
             d = runtime.controller().decide(np.array([0.0, 0.0, 0.001, 0.0], np.float32))
+        # neither connection of the node was ever taken over (by the other one of the same user)
+        assert agent.link is not None and agent.link.connects == 1 and agent.gateway._link.connects == 1
     assert (d.tier, d.edge_version) == ("edge", 6)
     assert (tmp_path / "edge-host" / "device-relay.json").exists()
