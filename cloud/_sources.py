@@ -186,6 +186,9 @@ class FragmentFeed:
         self._lengths.clear()
         # The serverless source carries episodes across invocations; the returns of those are forgotten
         # here, so it starts fresh ones too.
+        self._forget_carried()
+
+    def _forget_carried(self) -> None:
         forget = getattr(self._producer, "forget_episodes", None)
         if forget is not None:
             forget()
@@ -263,7 +266,11 @@ class FragmentFeed:
             return 0.0  # nothing to act with yet: the learner has not published a policy to these hosts
         started = time.perf_counter()
         steps = sum(f.size for f in self._producer.fragments(self._wanted))
-        return steps / max(time.perf_counter() - started, 1e-9)
+        rate = steps / max(time.perf_counter() - started, 1e-9)
+        # The probe's transitions are discarded: episodes carried through them must not continue into
+        # training (the learner would see a stream jump ahead); the next fragments start fresh ones.
+        self._forget_carried()
+        return rate
 
     def workers(self) -> int:
         """Hosts or function instances feeding this source."""
