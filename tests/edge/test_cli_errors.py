@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from edge import write_broker_config
-from tests._cli import run_strata
+from tests._cli import STRATA, run_strata
 from tests._services import Mosquitto
 from tests.conftest import MosquittoFactory
 from tests.edge._policies import cartpole_bundle, make_keys
@@ -125,3 +128,30 @@ def test_deep_json_on_network_topics_never_reaches_a_user_as_a_traceback(
     fleet_view = run_strata("fleet", "--broker", mosquitto.url, "--fleet", fleet, "--wait", "0.5", "--json")
     assert fleet_view.returncode == 0 and "Traceback" not in fleet_view.stderr, fleet_view.stderr
     assert [v["node"] for v in json.loads(fleet_view.stdout)] == ["n2", "n3"]
+
+
+def test_edge_run_on_a_read_only_filesystem_and_in_an_immutable_folder(tmp_path: Path, pub: Path) -> None:
+    base = ["edge", "run", "--fleet", "f", "--node-id", "n1", "--trust", str(pub), "--steps", "5"]
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    # A private mount namespace: the read-only tmpfs vanishes with the process, nothing to clean up.
+    mount = f"mount -t tmpfs -o ro,size=1m none {ro}"
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "sh", "-c", mount],
+                                                         capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a read-only tmpfs in a private mount namespace here (needs root)")
+    for cache_dir in (ro, ro / "cache"):
+        result = subprocess.run(["unshare", "-m", "sh", "-c", f'{mount} && exec "$@"', "sh", STRATA, *base,
+                                 "--cache-dir", str(cache_dir)], capture_output=True, text=True, env=os.environ,
+                                timeout=120)
+        _one_clean_line(result, f"--cache-dir {str(cache_dir)!r}", "Read-only file system")
+    immutable = tmp_path / "immutable"
+    immutable.mkdir()
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(immutable)],
+                                                        capture_output=True).returncode != 0:
+        pytest.skip("this filesystem has no immutable attribute (chattr +i)")
+    try:
+        for cache_dir in (immutable, immutable / "cache"):
+            _one_clean_line(run_strata(*base, "--cache-dir", str(cache_dir)), f"--cache-dir {str(cache_dir)!r}",
+                            "Operation not permitted")
+    finally:
+        subprocess.run(["chattr", "-i", str(immutable)], check=True)

@@ -176,3 +176,22 @@ def test_integers_beyond_64_bits_are_refused() -> None:
         obj[key] = value
         with pytest.raises(PayloadError):
             decode(TOPIC, json.dumps(obj).encode())
+
+
+@pytest.mark.parametrize("kind", ["request", "reply"])
+@FUZZ
+@given(data=st.data())
+def test_device_escalations_the_gateway_decodes_raise_only_device_payload_errors(kind: str,
+                                                                               data: st.DataObject) -> None:
+    from device._device_topics import DevicePayloadError, EscalationReply, EscalationRequest
+
+    cls = EscalationRequest if kind == "request" else EscalationReply
+    base = (EscalationRequest(id="a1", obs=[0.0, 1.0, 2.0, 3.0], budget_ms=5.0) if kind == "request"
+            else EscalationReply(id="a1", action=[1.0], error=None)).encode()
+    obj = json.loads(base)
+    for key in data.draw(st.lists(st.sampled_from(sorted(obj)), max_size=3)):
+        obj[key] = data.draw(_JSON | st.just(10**400) | st.just([[[[[[[[[[0]]]]]]]]]]))
+    payloads = [json.dumps(obj).encode(), data.draw(st.binary(max_size=256)), b"[" * 30_000 + b"]" * 30_000]
+    for payload in payloads:
+        with contextlib.suppress(DevicePayloadError):
+            cls.decode("strata/f/devices/n1/d1/request", payload)
