@@ -248,7 +248,8 @@ class EdgeAgent:
         stats = self.outbox.stats()
         mean_return, p99, record_id = self._last_report
         return NodeStatus(node=self.config.node_id, online=online, policy=self.policy_name, version=self.version,
-                          updated_at=self._clock(), last_error=self.last_error, outbox_pending=stats.pending,
+                          updated_at=self._clock(), outbox_pending=stats.pending,
+                          last_error=self.last_error or (self.gateway.relay_error if self.gateway else None),
                           outbox_dropped=stats.dropped, steps=self.counters.steps, episodes=self.counters.episodes,
                           mean_return=mean_return, latency_p99_us=p99, last_record_id=record_id)
 

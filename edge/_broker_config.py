@@ -10,6 +10,13 @@
                            username, Nagle off, persistence on)
     credentials/USER.password   one generated password per user (mode 0600), for ``--password-file``
 
+With ``devices`` (``strata broker config --devices d1,d2``), each device is a user too: it reads the device
+bundle of any edge of the fleet (``edges/+/device-policy``) and writes its own escalation requests and reads its
+own replies (``edges/+/devices/{device}/request|reply``), so a device can move between edges but never act as
+another device. Each node's user then also gets its device gateway's topics (the gateway shares the agent's
+connection, see below): it reads the fleet's device bundle, relays it to ``edges/{node}/device-policy`` (and
+reads it back, which is how it confirms a relay), reads its devices' requests and writes their replies.
+
 The hashes come from the ``mosquitto_passwd`` binary when it is installed, and are computed here otherwise
 (same format: ``$7$101$<base64 salt>$<base64 PBKDF2-HMAC-SHA512>``).
 
@@ -65,7 +72,7 @@ def _cloud_users(cloud_user: str | Sequence[str]) -> list[str]:
     return [cloud_user] if isinstance(cloud_user, str) else list(cloud_user)
 
 
-def acl_text(fleet: str, nodes: Sequence[str], cloud_user: str | Sequence[str]) -> str:
+def acl_text(fleet: str, nodes: Sequence[str], cloud_user: str | Sequence[str], devices: Sequence[str] = ()) -> str:
     """The ACL file body (see the module docstring)."""
     t = FleetTopics(fleet)
     lines = ["# strata fleet ACL: written by `strata broker config`; edit with care.", ""]
@@ -76,12 +83,30 @@ def acl_text(fleet: str, nodes: Sequence[str], cloud_user: str | Sequence[str]) 
         lines += [f"# node {node}: reads policies and control, writes only its own topics", f"user {node}",
                   f"topic read {t.announce}", f"topic read {t.control}", f"topic read {t.root}/policies/#",
                   f"topic read {t.node(node, 'control')}", f"topic write {t.node(node, 'status')}",
-                  f"topic write {t.node(node, 'telemetry')}", f"topic write {t.node(node, 'experience')}", ""]
+                  f"topic write {t.node(node, 'telemetry')}", f"topic write {t.node(node, 'experience')}"]
+        if devices:
+            lines += _gateway_acl(fleet, node)
+        lines.append("")
+    for device in devices:
+        lines += [f"# device {device}: reads device bundles, sends its own escalations, reads its own replies",
+                  f"user {device}", f"topic read {t.root}/edges/+/device-policy",
+                  f"topic write {t.root}/edges/+/devices/{device}/request",
+                  f"topic read {t.root}/edges/+/devices/{device}/reply", ""]
     return "\n".join(lines)
 
 
+def _gateway_acl(fleet: str, node: str) -> list[str]:
+    """The node's device gateway: reads the fleet's device bundle, relays it (reading it back), answers escalations."""
+    from device import DeviceTopics
+
+    d = DeviceTopics(fleet, node)
+    return [f"topic read {d.fleet_device_policy}", f"topic readwrite {d.device_policy}",
+            f"topic read {d.all_requests}", f"topic write {FleetTopics(fleet).root}/edges/{node}/devices/+/reply"]
+
+
 def write_broker_config(out: Path, *, fleet: str, nodes: Sequence[str], cloud_user: str | Sequence[str] = "cloud",
-                        port: int = 1883, bind: str = "127.0.0.1", use_binary: bool = True) -> BrokerFiles:
+                        port: int = 1883, bind: str = "127.0.0.1", use_binary: bool = True,
+                        devices: Sequence[str] = ()) -> BrokerFiles:
     """Write passwd, acl, mosquitto.conf and generated credentials for `fleet` into `out`.
 
     Args:
@@ -94,25 +119,29 @@ def write_broker_config(out: Path, *, fleet: str, nodes: Sequence[str], cloud_us
         bind: Address the listener binds to: loopback by default; ``0.0.0.0`` (or an interface's
             address) to serve edge nodes on other hosts.
         use_binary: Hash with ``mosquitto_passwd`` when it is installed.
+        devices: Terminal device ids; each becomes a broker user, and each node's user gets its device
+            gateway's topics (see the module docstring).
     """
     check_segment(fleet, "fleet")
     clouds = _cloud_users(cloud_user)
     users = [*(check_segment(u, "cloud user") for u in clouds), *(check_segment(n, "node id") for n in nodes)]
+    if devices:
+        users += [check_segment(d, "device id") for d in devices]
     if not nodes or not clouds or len(set(users)) != len(users):
         raise EdgeConfigError(f"strata broker config: need at least one node and distinct user names, got "
-                              f"nodes={list(nodes)} and cloud user {cloud_user!r}")
+                              f"nodes={list(nodes)}, cloud user {cloud_user!r} and devices {list(devices)}")
     if not 1 <= port <= 65535:
         raise EdgeConfigError(f"strata broker config: port {port} must be between 1 and 65535")
     try:
         return _write(Path(out), fleet=fleet, nodes=nodes, cloud_user=cloud_user, users=users, port=port, bind=bind,
-                      use_binary=use_binary)
+                      use_binary=use_binary, devices=devices)
     except OSError as exc:
         raise EdgeConfigError(f"strata broker config: cannot write into {str(out)!r}: {exc.strerror or exc} "
                               f"({exc.filename or out}); pass a writable --out folder") from None
 
 
 def _write(out: Path, *, fleet: str, nodes: Sequence[str], cloud_user: str | Sequence[str], users: list[str],
-           port: int, bind: str, use_binary: bool) -> BrokerFiles:
+           port: int, bind: str, use_binary: bool, devices: Sequence[str]) -> BrokerFiles:
     creds_dir = out / "credentials"
     creds_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(creds_dir, 0o700)
@@ -141,7 +170,7 @@ def _write(out: Path, *, fleet: str, nodes: Sequence[str], cloud_user: str | Seq
             raise EdgeConfigError(f"strata broker config: {binary} -U failed: {result.stderr.strip()}")
     os.replace(tmp, passwd)
     acl = out / "acl"
-    write_atomic(acl, acl_text(fleet, nodes, cloud_user).encode(), mode=0o600)
+    write_atomic(acl, acl_text(fleet, nodes, cloud_user, devices).encode(), mode=0o600)
     conf = out / "mosquitto.conf"
     conf.write_text("\n".join([
         "# strata fleet broker: written by `strata broker config`",

@@ -40,6 +40,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     publish.add_argument("bundle", type=Path, help="bundle file (from `strata export` or device.build_bundle)")
     _link_flags(publish, user_help="broker username (the cloud identity)")
     publish.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for acks (default: %(default)s)")
+    publish.add_argument("--tier", choices=["edge", "device"], default="edge",
+                         help="edge: a policy for edge agents (default); device: a micro policy (from `strata export "
+                         "--tier device`) published retained to strata/FLEET/device-policy, which every edge "
+                         "gateway verifies and relays to its devices")
     publish.set_defaults(func=_publish)
 
     edge = sub.add_parser("edge", help="run an edge node", description="Run an edge node.")
@@ -113,6 +117,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     config.add_argument("--cloud-user", default="cloud",
                         help="comma-separated identities that publish policies and watch the fleet; one per "
                         "concurrently connected cloud tool, since each user has one client id (default: %(default)s)")
+    config.add_argument("--devices", default="",
+                        help="comma-separated terminal device ids: each becomes a broker user that reads device "
+                        "bundles and sends its own escalations; each node's user then also may relay device "
+                        "bundles and answer its devices' escalations (its gateway)")
     config.add_argument("--port", type=int, default=1883, help="listener port in mosquitto.conf (default: %(default)s)")
     config.add_argument("--bind", default="127.0.0.1",
                         help="listener address in mosquitto.conf; 0.0.0.0 serves other hosts (default: %(default)s)")
@@ -200,12 +208,33 @@ def _publish(args: argparse.Namespace) -> int:
         data = args.bundle.read_bytes()
     except OSError as exc:
         raise EdgeConfigError(f"strata publish: cannot read {args.bundle}: {exc.strerror or exc}") from None
+    if args.tier == "device":
+        return _publish_device(args, data)
     ann = publish_bundle(data, broker=args.broker, fleet=args.fleet, username=args.username,
                          password=_password(args), ca_file=args.ca_file, cert_file=args.cert_file,
                          key_file=args.key_file, ack_timeout_s=args.timeout)
     how = f"{ann.chunks} chunks" if ann.chunks else "one message"
     print(f"published {ann.policy} v{ann.version} ({ann.size} bytes, {how}) to fleet {args.fleet} "
           f"at {args.broker}")
+    return 0
+
+
+def _publish_device(args: argparse.Namespace, data: bytes) -> int:
+    from device import Bundle
+    from edge._errors import EdgeConfigError
+    from edge._publish import Publisher
+
+    bundle = Bundle.from_bytes(data)
+    m = bundle.manifest
+    if m.target_tier != "device":
+        raise EdgeConfigError(f"strata publish --tier device: {args.bundle} targets tier {m.target_tier!r}; export "
+                              "a micro policy with `strata export --tier device`, or publish this one without --tier")
+    with Publisher(broker=args.broker, fleet=args.fleet, username=args.username, password=_password(args),
+                   ca_file=args.ca_file, cert_file=args.cert_file, key_file=args.key_file,
+                   ack_timeout_s=args.timeout) as publisher:
+        publisher.publish_device_bundle(data)
+    print(f"published device bundle {m.policy} v{m.version} ({len(data)} bytes) to strata/{args.fleet}/device-policy "
+          f"at {args.broker}; edge gateways relay it to their devices")
     return 0
 
 
@@ -301,16 +330,18 @@ def _broker_config(args: argparse.Namespace) -> int:
                                   f"{exc.strerror or exc}") from None
     files = write_broker_config(args.out, fleet=args.fleet, nodes=nodes,
                                 cloud_user=[u for u in args.cloud_user.split(",") if u], port=args.port,
-                                bind=args.bind)
+                                bind=args.bind, devices=[d for d in args.devices.split(",") if d])
     print(f"wrote {files.passwd} (hashed with {files.hashed_with}), {files.acl}, {files.conf}")
     print(f"passwords (mode 0600) in {args.out / 'credentials'}/: pass one with --username USER "
           "--password-file FILE")
     if args.kits is not None:
         url = args.broker_url or f"mqtt://{args.bind}:{args.port}"
         for node in nodes:
-            kit = write_kit(args.kits, node=node,
-                            config={"fleet": args.fleet, "broker": url, "username": node,
-                                    "password_file": "password", "trust": (args.trust.name,)},
-                            files={"password": files.credentials[node].read_bytes(), args.trust.name: trusted})
+            config: dict[str, object] = {"fleet": args.fleet, "broker": url, "username": node,
+                                         "password_file": "password", "trust": (args.trust.name,)}
+            kit_files = {"password": files.credentials[node].read_bytes(), args.trust.name: trusted}
+            if args.devices:  # the node serves the devices (its gateway shares the node's connection)
+                config["serve_devices"] = True
+            kit = write_kit(args.kits, node=node, config=config, files=kit_files)
             print(f"kit for {node}: {kit.directory}/ ({', '.join(kit.files)})")
     return 0

@@ -10,6 +10,9 @@ Two jobs, on one MQTT link of its own (client id ``{node}-gateway``) beside the 
 - **Relay.** A device bundle published to the fleet (``device-policy``, retained), or handed to `relay`, is
   verified as a device-tier bundle (signature, digest, expiry, anti-rollback) and republished retained on
   this edge's ``edges/{node}/device-policy``, where its devices read it. Devices verify it again themselves.
+  The gateway reads its own relay back: a relay not seen on that topic within ``relay_confirm_s`` (a broker
+  that does not let this user write it drops the message without telling a 3.1.1 client) is logged, counted
+  in ``relay_failures`` and kept in ``relay_error``, which the edge agent reports in its status (`strata fleet`).
 
 The edge policy comes from ``policy_source``, called per request, so a gateway hosted by the edge agent
 answers with whatever policy the agent's A/B cache runs now. Topic strings are defined by the device tier
@@ -18,6 +21,7 @@ answers with whatever policy the agent's A/B cache runs now. Topic strings are d
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import threading
@@ -68,6 +72,8 @@ class GatewayConfig:
     """Client certificate for TLS."""
     key_file: str | None = None
     """Private key of the client certificate."""
+    relay_confirm_s: float = 10.0
+    """How long a relayed device bundle may take to be read back before the relay counts as failed."""
 
     def __post_init__(self) -> None:
         DeviceTopics(self.fleet, self.node)
@@ -88,6 +94,8 @@ class GatewayCounters:
     bad_requests: int = 0
     relayed: int = 0
     refused_bundles: int = 0
+    relay_failures: int = 0
+    """Relays not read back from the broker in time (dropped: not authorized, or the link went down)."""
 
 
 class EdgeGateway:
@@ -124,6 +132,10 @@ class EdgeGateway:
         self._link = link
         self._worker: threading.Thread | None = None
         self.last_refusal: str | None = None
+        self.relay_error: str | None = None
+        """Why the latest relay failed; None once a relay is read back."""
+        self._relay_pending: dict[bytes, threading.Timer] = {}
+        self._relay_lock = threading.Lock()
 
     def start(self, *, connect_timeout: float = 10.0) -> EdgeGateway:
         """Connect, subscribe to the devices' requests and the fleet's device bundle, start the worker.
@@ -134,6 +146,7 @@ class EdgeGateway:
         self._link.subscribe(self.topics.all_requests)
         if self.verifier is not None:
             self._link.subscribe(self.topics.fleet_device_policy)
+            self._link.subscribe(self.topics.device_policy)  # to read each relay back
         if self._owns_link:  # a shared link is started and closed by its owner
             self._link.start()
             self._link.wait_connected(connect_timeout)
@@ -147,7 +160,11 @@ class EdgeGateway:
         return self._link.connected
 
     def close(self) -> None:
-        """Stop the worker and the link."""
+        """Stop the worker, the relay read-back timers and (unless shared) the link."""
+        with self._relay_lock:
+            for timer in self._relay_pending.values():
+                timer.cancel()
+            self._relay_pending.clear()
         if self._worker is not None:
             self._queue.put(None)
             self._worker.join(timeout=5)
@@ -177,16 +194,46 @@ class EdgeGateway:
             self.last_refusal = str(exc)
             log.warning("gateway %s: refused device bundle: %s", self.config.node, exc)
             return False
+        digest = hashlib.sha256(bytes(data)).digest()
+        what = f"{bundle.manifest.policy} v{bundle.manifest.version}"
+        timer = threading.Timer(self.config.relay_confirm_s, self._relay_failed, (digest, what))
+        timer.daemon = True
+        with self._relay_lock:
+            old = self._relay_pending.pop(digest, None)
+            if old is not None:
+                old.cancel()
+            self._relay_pending[digest] = timer
+        timer.start()
         self._link.publish(self.topics.device_policy, bytes(data), retain=True)
         self.verifier.accept(bundle)
         self.counters.relayed += 1
         return True
 
+    def _relay_failed(self, digest: bytes, what: str) -> None:
+        with self._relay_lock:
+            if self._relay_pending.pop(digest, None) is None:
+                return  # read back meanwhile
+        self.counters.relay_failures += 1
+        user = self.config.username or "this client"
+        self.relay_error = (f"relay of device bundle {what} to {self.topics.device_policy} was not read back within "
+                            f"{self.config.relay_confirm_s:g} s: the broker dropped it or the link is down (may "
+                            f"{user!r} write and read that topic? `strata broker config --devices` grants it to "
+                            f"node {self.config.node})")
+        log.warning("gateway %s: %s", self.config.node, self.relay_error)
+
+    def _relay_read_back(self, payload: bytes) -> None:
+        with self._relay_lock:
+            timer = self._relay_pending.pop(hashlib.sha256(payload).digest(), None)
+        if timer is not None:
+            timer.cancel()
+            self.relay_error = None
+
     # ------------------------------------------------------------------------------------ escalations
 
     def handle(self, topic: str, payload: bytes, retained: bool) -> bool:
         """Take a message from a shared link; return whether it was one of the gateway's topics."""
-        if topic != self.topics.fleet_device_policy and self.topics.device_of_request(topic) is None:
+        if topic not in (self.topics.fleet_device_policy, self.topics.device_policy) and \
+                self.topics.device_of_request(topic) is None:
             return False
         self._on_message(topic, payload, retained)
         return True
@@ -194,6 +241,9 @@ class EdgeGateway:
     def _on_message(self, topic: str, payload: bytes, retained: bool) -> None:
         if topic == self.topics.fleet_device_policy:
             self.relay(payload)
+            return
+        if topic == self.topics.device_policy:
+            self._relay_read_back(payload)
             return
         device = self.topics.device_of_request(topic)
         if device is None:
