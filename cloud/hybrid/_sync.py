@@ -24,15 +24,22 @@ class UnitGroup:
 
     def __init__(self, *, timeout_s: float) -> None:
         import torch.distributed as dist
+        from torch.distributed.distributed_c10d import PrefixStore
+        from torch.distributed.rendezvous import rendezvous
 
         self._dist = dist
-        if not dist.is_initialized():
-            dist.init_process_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-        self.rank = dist.get_rank()
-        self.world = dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.node_rank = int(os.environ.get("GROUP_RANK", "0"))
         self.restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        if not dist.is_initialized():
+            timeout = timedelta(seconds=timeout_s)
+            store, rank, world = next(rendezvous("env://", timeout=timeout))
+            # torchrun keeps one store across restarts of the group: without a prefix per attempt, a restarted
+            # unit can read the address a unit of the previous attempt published, and fail to connect to it.
+            store = PrefixStore(f"strata-hybrid/attempt-{self.restart_count}/", store)
+            dist.init_process_group(backend="gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
         self.allreduce_s = 0.0
         """Seconds spent in gradient all-reduces since the last `take_allreduce_s`."""
 

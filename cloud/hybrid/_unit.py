@@ -12,6 +12,7 @@ import collections
 import copy
 import json
 import os
+import resource
 import signal
 import time
 from collections.abc import Callable
@@ -68,7 +69,8 @@ class HybridResult:
     published: int = 0
     """Versions rank 0 pushed to the parameter server."""
     timings: dict[str, float] = field(default_factory=dict)
-    """Seconds this unit spent collecting, updating and in gradient all-reduces, and its update count."""
+    """This unit's seconds collecting, updating and in gradient all-reduces, its update count, and the CPU
+    seconds of its learner process (``cpu_s``) and of its env workers (``workers_cpu_s``)."""
     unit_status: list[dict[str, Any]] = field(default_factory=list)
     """Every unit's last status (rank, node, local rank, pid, steps, steps/s, workers, mode), in rank order."""
 
@@ -155,7 +157,29 @@ def _resume_state(spec: UnitSpec) -> dict[str, Any] | None:
     if state["env_id"] != spec.env_id:
         raise ConfigError(f"train: run dir {str(spec.run_dir)!r} trains {state['env_id']!r}, not "
                           f"{spec.env_id!r}; resume with --env {state['env_id']}")
+    if int(os.environ.get("RANK", "0")) == 0:
+        version = int(state["version"])
+        for name, key in (("metrics.jsonl", "policy_version"), (SWITCHES_FILE, "at_version")):
+            _trim_jsonl(Path(spec.run_dir) / name, key, version)
+        if restarted:
+            print(f"strata train: the unit group was restarted (restart "
+                  f"{os.environ['TORCHELASTIC_RESTART_COUNT']}): every unit resumes from {path} (policy version "
+                  f"{version}, step {int(state['global_step']):,})", flush=True)
     return state
+
+
+def _trim_jsonl(path: Path, key: str, version: int) -> None:
+    """Drop the lines of a run log written after the checkpoint a run resumes from (so nothing is logged twice)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        try:
+            if int(json.loads(line).get(key) or 0) <= version:
+                kept.append(line if line.endswith("\n") else line + "\n")
+        except ValueError:  # a line torn by the kill that stopped the previous attempt
+            continue
+    path.write_text("".join(kept), encoding="utf-8")
 
 
 def run_unit(spec: UnitSpec) -> HybridResult:
@@ -258,7 +282,7 @@ def run_unit(spec: UnitSpec) -> HybridResult:
         units: list[dict[str, Any]] = []
         mean_return = float("nan")
         timings = {"collect_s": 0.0, "update_s": 0.0, "allreduce_s": 0.0, "updates": 0.0}
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         start_step = global_step
         display = _Progress(spec.total_steps, start_step, enabled=False if rank else
                             (os.isatty(1) if spec.progress is None else spec.progress), log=log, env_id=spec.env_id)
@@ -379,7 +403,12 @@ def run_unit(spec: UnitSpec) -> HybridResult:
                 f"checkpoint {last_path}; continue with the same command and --resume")
         final = group.gather_digests(state_digest(agent, normalizer))
         counts = switcher.accounting.check()
-        per_unit = group.all_gather(np.array([switcher.produced(), counts["consumed"], counts["duplicates"],
+        produced = switcher.produced()
+        switcher.close()  # its workers exit and are reaped: their CPU is in this process's children's usage
+        timings["cpu_s"] = time.process_time() - cpu_started
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        timings["workers_cpu_s"] = usage.ru_utime + usage.ru_stime
+        per_unit = group.all_gather(np.array([produced, counts["consumed"], counts["duplicates"],
                                               counts["gaps"]], dtype=np.float64))
         accounting = {"per_unit": [dict(zip(("produced", "consumed", "duplicates", "gaps"), map(int, row),
                                             strict=True)) for row in per_unit],
@@ -396,8 +425,8 @@ def run_unit(spec: UnitSpec) -> HybridResult:
             published=leader.published if leader is not None else 0, timings=timings, unit_status=units)
     except BaseException as exc:
         # A peer died, a collective timed out, or this unit failed: rank 0 keeps the last completed update.
-        if rank == 0 and snapshot is not None and int(snapshot["version"]) > checkpointed:
-            path = save_checkpoint(run_dir, snapshot)
+        if rank == 0 and snapshot is not None:
+            path = save_checkpoint(run_dir, snapshot) if int(snapshot["version"]) > checkpointed else last_path
             log(f"strata train: unit failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
                 f"; checkpoint {path} (policy version {snapshot['version']}, step {snapshot['global_step']:,}); "
                 "continue with the same command and --resume")

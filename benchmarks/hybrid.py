@@ -1,0 +1,376 @@
+"""Hybrid units vs pure co-located vs pure decoupled PPO, same run, equal env workers and env-step budget.
+
+Three deployments of W = 2 env workers (this machine has 2 cores) train the same PPO (8 envs x 32 steps per
+update in total, strata's defaults) until a target return or the budget:
+
+    colocated   1 learner + W shared-memory env workers (`SharedMemoryVectorEnv`, mode ``colocated``)
+    decoupled   1 learner + W gRPC env services (`strata envs serve`, mode ``decoupled``)
+    hybrid      U = 2 units x (1 learner + W/U workers), one torch.distributed gloo group (`cloud.hybrid`),
+                4 envs per unit so an update holds the same 256 transitions
+
+on CartPole-v1 and on a heavy env registered here (`SlowCartPole`: CartPole whose every step busy-waits
+1 ms of CPU, a stand-in for a physics simulator). Reported per run: env steps/s, wall-clock and env steps to
+the target (20-episode mean, no greedy confirmation), and the learner's share of the CPU the run used (learner
+processes vs env workers/services). Then two torchrun invocations (``--nnodes 2``, c10d on 127.0.0.1) run the
+CartPole hybrid run as two "hosts".
+
+The cost model (`predict`) takes per-step CPU costs measured in those runs (learner CPU and env CPU per env
+step, the gradient all-reduce per update) and predicts H hosts x (1 learner + 8 env workers), H = 1..16:
+
+    colocated   one learner with its 8 workers on one host; it cannot use a second host (shared memory)
+    decoupled   one learner, H x 8 env services on H hosts; each step costs the learner its inference and RPC
+    hybrid      H units; each update costs every unit its own share plus the all-reduces (ring: H - 1 hops)
+
+Every deployment's update is serial inside a learner (act, step the envs, update) and no faster than its CPU
+work divided by the cores it has; the model is checked against the measured H = 1 (colocated run) and H = 2
+(two torchrun nodes) figures on this machine (2 cores for everything).
+
+    .venv/bin/python benchmarks/hybrid.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+HEAVY_ID = "strata-bench/SlowCartPole-v0"
+STEP_MS = 1.0
+WORKERS = 2
+UNITS = 2
+REPO = Path(__file__).resolve().parent.parent
+
+
+class SlowCartPole(CartPoleEnv):
+    """CartPole-v1 whose every step also burns `STEP_MS` of CPU (busy-wait), like a physics simulator would."""
+
+    def step(self, action: Any) -> Any:
+        """Burn the CPU, then step CartPole."""
+        deadline = time.perf_counter() + STEP_MS / 1000.0
+        while time.perf_counter() < deadline:
+            pass
+        return super().step(action)  # type: ignore[no-untyped-call]
+
+
+def _make_slow(**kwargs: Any) -> gym.Env[Any, Any]:
+    return SlowCartPole(**kwargs)
+
+
+def register_heavy() -> None:
+    """Register `HEAVY_ID` in this process (forked workers inherit it; services and units call this)."""
+    if HEAVY_ID not in gym.registry:
+        gym.register(HEAVY_ID, entry_point=_make_slow, max_episode_steps=500, reward_threshold=475.0)
+
+
+register_heavy()
+
+
+# --- processes and their CPU ----------------------------------------------------------------------------------
+
+def _proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of a live process (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+class Services:
+    """W `strata envs serve` processes that know `HEAVY_ID` too (started through this script's ``serve`` mode)."""
+
+    def __init__(self, env_id: str, *, count: int, envs: int, seed: int) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        self.addresses: list[str] = []
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        for i in range(count):
+            proc = subprocess.Popen([sys.executable, __file__, "serve", "--env", env_id, "--envs", str(envs),
+                                     "--port", "0", "--seed", str(seed + i * envs)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+            self.procs.append(proc)
+            assert proc.stdout is not None
+            line = ""
+            while " on " not in line:
+                line = proc.stdout.readline()
+                if not line and proc.poll() is not None:
+                    raise RuntimeError(f"env service for {env_id} did not start")
+            self.addresses.append(line.rsplit(" on ", 1)[1].strip())
+
+    def cpu(self) -> float:
+        """CPU seconds the services have used so far."""
+        return sum(_proc_cpu(p.pid) for p in self.procs)
+
+    def stop(self) -> None:
+        """Terminate the services."""
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.wait(10)
+
+
+# --- the three deployments ------------------------------------------------------------------------------------
+
+def _budget(env_id: str, quick: bool) -> tuple[int, float]:
+    """(env-step budget, target 20-episode mean return) of a run."""
+    if env_id == HEAVY_ID:
+        return (6_000, 60.0) if quick else (40_000, 300.0)
+    return (12_000, 100.0) if quick else (100_000, 475.0)
+
+
+def run_single(env_id: str, mode: str, *, seed: int, quick: bool, work: Path) -> dict[str, Any]:
+    """One learner process (this one) fed by W co-located workers or W decoupled env services."""
+    from cloud._ppo import PPOConfig
+    from cloud._switching import SwitchingConfig
+    from cloud._train import train
+
+    total, target = _budget(env_id, quick)
+    config = PPOConfig(num_envs=8, num_steps=32, env_mode=mode)
+    services = Services(env_id, count=WORKERS, envs=config.num_envs // WORKERS, seed=seed) if mode == "decoupled" \
+        else None
+    switching = SwitchingConfig(modes=(mode,), control=False,
+                                env_services=",".join(services.addresses) if services else "")
+    cpu0, kids0 = time.process_time(), _children_cpu()
+    svc0 = services.cpu() if services else 0.0
+    try:
+        result = train(env_id=env_id, total_steps=total, run_dir=work / f"{mode}-{seed}", seed=seed, config=config,
+                       target_return=target, confirm_episodes=0, progress=False, switching=switching,
+                       log=lambda line: None)
+        svc = services.cpu() - svc0 if services else 0.0
+    finally:
+        if services:
+            services.stop()
+    learner = time.process_time() - cpu0
+    workers = svc if services else _children_cpu() - kids0
+    return {"deployment": mode, "env": env_id, "seed": seed, "steps": result.global_step, "wall_s": result.wall_s,
+            "steps_per_s": result.global_step / result.wall_s, "solved_at_step": result.solved_at_step,
+            "solved_at_s": result.solved_at_s, "learner_cpu_s": learner, "worker_cpu_s": workers,
+            "learner_share": learner / max(learner + workers, 1e-9), "units": 1}
+
+
+def _bench_unit(spec: Any) -> Any:
+    """The units' entry point here: register the heavy env, then be a plain `cloud.hybrid` unit."""
+    from cloud.hybrid._unit import run_unit
+
+    register_heavy()
+    return run_unit(spec)
+
+
+def hybrid_spec(env_id: str, *, seed: int, quick: bool, work: Path, name: str) -> Any:
+    from cloud._ppo import PPOConfig
+    from cloud._switching import SwitchingConfig
+    from cloud.hybrid import HybridConfig, UnitSpec
+
+    total, target = _budget(env_id, quick)
+    return UnitSpec(env_id=env_id, total_steps=total, run_dir=work / f"{name}-{seed}", seed=seed,
+                    config=PPOConfig(num_envs=8 // UNITS, num_steps=32),
+                    switching=SwitchingConfig(modes=("colocated",), control=False),
+                    hybrid=HybridConfig(units=UNITS, workers_per_unit=WORKERS // UNITS), target_return=target,
+                    confirm_episodes=0, progress=False)
+
+
+def run_hybrid(env_id: str, *, seed: int, quick: bool, work: Path) -> dict[str, Any]:
+    """U units on this host, started by torch's elastic launcher (what `strata train --modes hybrid` does)."""
+    import uuid
+
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    spec = hybrid_spec(env_id, seed=seed, quick=quick, work=work, name="hybrid")
+    launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=UNITS, run_id=f"bench-{uuid.uuid4().hex[:8]}",
+                          rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0, start_method="spawn")
+    started = time.perf_counter()
+    results = elastic_launch(launch, _bench_unit)(spec)
+    launch_s = time.perf_counter() - started
+    r = results[0]
+    learner = sum(results[k].timings["cpu_s"] for k in results)
+    workers = sum(results[k].timings["workers_cpu_s"] for k in results)
+    updates = max(r.timings["updates"], 1.0)
+    return {"deployment": "hybrid", "env": env_id, "seed": seed, "steps": r.global_step, "wall_s": r.wall_s,
+            "steps_per_s": r.global_step / r.wall_s, "solved_at_step": r.solved_at_step,
+            "solved_at_s": r.solved_at_s, "learner_cpu_s": learner, "worker_cpu_s": workers,
+            "learner_share": learner / max(learner + workers, 1e-9), "units": r.units,
+            "allreduce_s_per_update": r.timings["allreduce_s"] / updates, "launch_s": launch_s,
+            "digests_equal": len(set(r.digests)) == 1}
+
+
+def run_two_nodes(*, seed: int, quick: bool, work: Path) -> dict[str, Any]:
+    """The CartPole hybrid run as two torchrun "hosts": ``torchrun --nnodes 2 --nproc-per-node 1`` twice."""
+    import socket
+
+    from cloud._metrics import read_metrics
+
+    total, target = _budget("CartPole-v1", quick)
+    run = work / f"two-nodes-{seed}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    strata = str(Path(sys.executable).with_name("strata"))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend",
+         "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"bench-{port}", "--rdzv-conf",
+         f"is_host={int(node == 0)}", "--no-python", strata, "train", "--env", "CartPole-v1", "--modes", "hybrid",
+         "--workers-per-unit", str(WORKERS // UNITS), "--num-envs", str(8 // UNITS), "--num-steps", "32",
+         "--total-steps", str(total), "--target-return", str(target), "--confirm-episodes", "0", "--seed",
+         str(seed), "--run-dir", str(run), "--checkpoint-every", "1000"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) for node in (0, 1)]
+    outputs = [p.communicate(timeout=1800)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError("two-node run failed:\n" + "\n".join(o[-2000:] for o in outputs))
+    records = read_metrics(run)
+    first, last = records[0], records[-1]
+    steps = last["global_step"]
+    wall = last["global_step"] / last["perf/env_steps_per_s"]
+    summary = next(o for o in outputs if "hybrid units, policy version" in o)
+    solved = next((r for r in records if (r.get("charts/mean_return_20") or 0) >= target), None)
+    allreduce = float(np.mean([r["perf/allreduce_s"] for r in records[1:]] or [first["perf/allreduce_s"]]))
+    return {"deployment": "hybrid 2 torchrun nodes", "env": "CartPole-v1", "seed": seed, "steps": steps,
+            "wall_s": wall, "steps_per_s": steps / wall, "solved_at_step": solved["global_step"] if solved else None,
+            "solved_at_s": None, "units": 2, "allreduce_s_per_update": allreduce,
+            "digests_equal": "policy digests of the units: identical" in summary}
+
+
+# --- the cost model -------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """Per-env-step CPU seconds measured in this run (one env)."""
+
+    learner: float
+    """Learner CPU per env step, co-located (acting, GAE, the PPO update amortised over the batch)."""
+    learner_rpc: float
+    """Learner CPU per env step when its envs are behind gRPC (acting + the RPC client)."""
+    env: float
+    """Env worker CPU per env step, co-located (the simulator plus the shared-memory protocol)."""
+    env_rpc: float
+    """Env service CPU per env step (the simulator plus the gRPC server)."""
+    allreduce: float
+    """Wall seconds of one update's gradient all-reduces between 2 units."""
+
+
+def costs_from(runs: dict[str, dict[str, Any]]) -> Costs:
+    col, dec, hyb = runs["colocated"], runs["decoupled"], runs["hybrid"]
+    return Costs(learner=col["learner_cpu_s"] / col["steps"], learner_rpc=dec["learner_cpu_s"] / dec["steps"],
+                 env=col["worker_cpu_s"] / col["steps"], env_rpc=dec["worker_cpu_s"] / dec["steps"],
+                 allreduce=hyb["allreduce_s_per_update"])
+
+
+def predict(c: Costs, deployment: str, hosts: int, *, workers_per_host: int = 8, cores_per_host: float = 9.0,
+            shared_cores: float | None = None, batch: int = 256) -> float:
+    """Predicted env steps/s of `deployment` on `hosts` hosts (each 1 learner + `workers_per_host` workers).
+
+    An update of ``batch`` transitions per learner takes the longer of (a) its serial path: the learner's CPU
+    for every step it handles, plus the env CPU spread over the workers it waits on, plus (hybrid) the
+    all-reduces; (b) the CPU work of the whole deployment over its cores. `shared_cores` puts every host on
+    the same cores (this machine), as the checks need.
+    """
+    if deployment == "colocated":
+        hosts = 1  # the workers share memory with the one learner: a second host cannot join
+    if deployment == "hybrid":
+        units, per_learner, learner, env = hosts, batch, c.learner, c.env
+        collective = c.allreduce * max(hosts - 1, 0)  # ring all-reduce: H - 1 hops (1 hop measured at H = 2)
+    elif deployment == "decoupled":
+        units, per_learner, learner, env = 1, batch * hosts, c.learner_rpc, c.env_rpc
+        collective = 0.0
+    else:
+        units, per_learner, learner, env = 1, batch, c.learner, c.env
+        collective = 0.0
+    workers = workers_per_host * hosts if deployment != "colocated" else workers_per_host
+    workers_per_learner = workers / units
+    serial = per_learner * learner + per_learner * env / workers_per_learner + collective
+    cores = shared_cores if shared_cores is not None else cores_per_host * hosts
+    work = units * per_learner * (learner + env) / cores
+    return units * per_learner / max(serial, work)
+
+
+# --- main -------------------------------------------------------------------------------------------------------
+
+def _serve(argv: list[str]) -> int:
+    from cloud.cli import main as strata_main
+
+    return strata_main(["envs", *argv])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "serve":
+        return _serve(argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small budgets and low targets (a smoke run)")
+    parser.add_argument("--seeds", type=int, default=1, help="seeds per deployment (default: %(default)s)")
+    parser.add_argument("--work", type=Path, default=None, help="folder for the run dirs (default: a temp dir)")
+    args = parser.parse_args(argv)
+
+    import tempfile
+
+    import torch
+
+    torch.set_num_threads(1)
+    work = args.work or Path(tempfile.mkdtemp(prefix="strata-hybrid-bench-"))
+    rows: list[dict[str, Any]] = []
+    for env_id in ("CartPole-v1", HEAVY_ID):
+        for seed in range(args.seeds):
+            rows.append(run_single(env_id, "colocated", seed=seed, quick=args.quick, work=work / env_id))
+            rows.append(run_single(env_id, "decoupled", seed=seed, quick=args.quick, work=work / env_id))
+            rows.append(run_hybrid(env_id, seed=seed, quick=args.quick, work=work / env_id))
+    rows.append(run_two_nodes(seed=0, quick=args.quick, work=work / "CartPole-v1"))
+
+    print(f"{'env':<30} {'deployment':<24} {'seed':>4} {'steps':>8} {'steps/s':>9} {'to target s':>11} "
+          f"{'to target steps':>15} {'learner CPU':>11}")
+    for r in rows:
+        to_s = "-" if r["solved_at_s"] is None else f"{r['solved_at_s']:.1f}"
+        to_n = "-" if r["solved_at_step"] is None else f"{r['solved_at_step']:,}"
+        share = f"{r['learner_share']:.0%}" if "learner_share" in r else "-"
+        print(f"{r['env']:<30} {r['deployment']:<24} {r['seed']:>4} {r['steps']:>8,} {r['steps_per_s']:>9,.0f} "
+              f"{to_s:>11} {to_n:>15} {share:>11}")
+
+    model: dict[str, Any] = {}
+    for env_id in ("CartPole-v1", HEAVY_ID):
+        mine = {r["deployment"]: r for r in rows if r["env"] == env_id and r["seed"] == 0}
+        costs = costs_from(mine)
+        table = {d: [predict(costs, d, h) for h in range(1, 17)] for d in ("colocated", "decoupled", "hybrid")}
+        checks = {"H=1 colocated": (predict(costs, "colocated", 1, shared_cores=float(os.cpu_count() or 1)),
+                                    mine["colocated"]["steps_per_s"]),
+                  "H=1 decoupled": (predict(costs, "decoupled", 1, shared_cores=float(os.cpu_count() or 1),
+                                            workers_per_host=WORKERS), mine["decoupled"]["steps_per_s"])}
+        if env_id == "CartPole-v1":
+            two = next(r for r in rows if r["deployment"] == "hybrid 2 torchrun nodes")
+            two_costs = dataclasses.replace(costs, allreduce=two["allreduce_s_per_update"])
+            checks["H=2 hybrid (2 torchrun nodes)"] = (
+                predict(two_costs, "hybrid", 2, workers_per_host=WORKERS // UNITS, batch=256 // UNITS,
+                        shared_cores=float(os.cpu_count() or 1)), two["steps_per_s"])
+        checks["H=2 hybrid (local units)"] = (
+            predict(costs, "hybrid", 2, workers_per_host=WORKERS // UNITS, batch=256 // UNITS,
+                    shared_cores=float(os.cpu_count() or 1)), mine["hybrid"]["steps_per_s"])
+        ratio = [table["hybrid"][h] / table["decoupled"][h] for h in range(16)]
+        model[env_id] = {"costs_us_per_step": {k: v * 1e6 for k, v in dataclasses.asdict(costs).items()},
+                         "predicted_steps_per_s": {d: [round(x) for x in v] for d, v in table.items()},
+                         "hybrid_over_decoupled": [round(x, 2) for x in ratio],
+                         "checks": {k: {"predicted": round(p), "measured": round(m)} for k, (p, m) in checks.items()}}
+        print(f"\n# model, {env_id}: per-step costs (us) "
+              + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in dataclasses.asdict(costs).items()))
+        print(f"{'H':>3} {'colocated':>10} {'decoupled':>10} {'hybrid':>10} {'hybrid/decoupled':>17}")
+        for h in range(16):
+            print(f"{h + 1:>3} {table['colocated'][h]:>10,.0f} {table['decoupled'][h]:>10,.0f} "
+                  f"{table['hybrid'][h]:>10,.0f} {ratio[h]:>17.2f}")
+        for name, (p, m) in checks.items():
+            print(f"# check {name}: predicted {p:,.0f} steps/s, measured {m:,.0f} ({p / m - 1:+.0%})")
+    print(json.dumps({"benchmark": "hybrid", "quick": args.quick, "cpus": os.cpu_count(),
+                      "load_avg": os.getloadavg()[0], "runs": rows, "model": model}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
