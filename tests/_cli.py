@@ -10,7 +10,7 @@ from pathlib import Path
 STRATA = str(Path(sys.executable).with_name("strata"))
 
 
-def run_strata(*args: str, timeout: float = 120, env: dict[str, str] | None = None,
+def run_strata(*args: str, timeout: float = 600, env: dict[str, str] | None = None,
                cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``strata ARGS`` and return the finished process (never raises on a non-zero exit)."""
     full_env = {**os.environ, **(env or {})}

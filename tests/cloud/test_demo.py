@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from cloud._demo import DemoConfig, run_demo
 from tests._cli import STRATA, run_strata
 
@@ -58,21 +60,27 @@ def _shm() -> set[str]:
     return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("strata")}
 
 
+@pytest.mark.timeout(1200)  # the demo runs to its switch first: minutes on a loaded 2-core machine
 def test_ctrl_c_stops_everything_cleanly(tmp_path: Path) -> None:
     before = _shm()
     proc = subprocess.Popen([STRATA, "demo", "--out", str(tmp_path / "report"), "--switch-at", "1024"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    # Wait until training runs in the functions phase: pool workers, the function runtime and its workers exist.
-    for line in proc.stdout:
-        if "colocated -> functions" in line:
-            break
-    descendants = _children(proc.pid)
-    assert descendants, "the demo should have started worker processes"
-    proc.send_signal(signal.SIGINT)
-    rest = proc.stdout.read()
-    proc.stdout.close()
-    assert proc.wait(timeout=60) == 130, rest
+    try:
+        assert proc.stdout is not None
+        # Wait until training runs in the functions phase: pool workers, the function runtime and its workers exist.
+        for line in proc.stdout:
+            if "colocated -> functions" in line:
+                break
+        descendants = _children(proc.pid)
+        assert descendants, "the demo should have started worker processes"
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stdout.read()
+        proc.stdout.close()
+        assert proc.wait(timeout=300) == 130, rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert "interrupted" in rest and "Traceback" not in rest
     deadline = time.monotonic() + 60
     while any(_alive(p) for p in descendants) and time.monotonic() < deadline:
