@@ -1,10 +1,14 @@
-"""Device-tier commands: `strata keys generate`, `strata bundle inspect|verify`, `strata device run|export-c`."""
+"""Device-tier commands: `strata keys generate`, `strata bundle inspect|verify`, `strata device run|config|export-c`."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from device._config_file import ConfigLayout, Layered
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -69,8 +73,22 @@ def _register_device(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     run.add_argument("--seed", type=int, default=0, help="env seed (default: %(default)s)")
     run.add_argument("--decisions-out", type=Path, default=None, metavar="FILE",
                      help="write one JSON line per decision (step, tier, reason, confidence, latency, edge version)")
+    run.add_argument("--config", default=None, type=Path, metavar="FILE",
+                     help="TOML config file ([broker], [identity], [state], [decisions]); STRATA_DEVICE_* "
+                     "variables, then flags, override its values")
     add_config_arguments(run.add_argument_group("device (DeviceConfig)"), DeviceConfig)
     run.set_defaults(func=_device_run)
+
+    config_cmd = device_sub.add_parser("config", help="show a device's merged config",
+                                       description="Merge the config file, STRATA_DEVICE_* variables and flags "
+                                       "as `strata device run` does.")
+    config_sub = config_cmd.add_subparsers(dest="config_command", metavar="COMMAND", required=True)
+    show = config_sub.add_parser("show", help="print the merged config and where each value came from",
+                                 description="Print the merged config as TOML, each value followed by its "
+                                 "source: default, file, env or flag.")
+    show.add_argument("--config", default=None, type=Path, metavar="FILE", help="TOML config file")
+    add_config_arguments(show, DeviceConfig)
+    show.set_defaults(func=_device_config_show)
 
     export_c = device_sub.add_parser(
         "export-c", help="write a micro policy as dependency-free C99 (static weights, no malloc, libm only)",
@@ -82,14 +100,49 @@ def _register_device(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     export_c.set_defaults(func=_device_export_c)
 
 
+def _device_layout() -> ConfigLayout:
+    """How `DeviceConfig` is laid out in ``device.toml`` and ``STRATA_DEVICE_*`` (see `device._config_file`)."""
+    from device._config_file import ConfigLayout
+    from device._device_run import DeviceConfig
+
+    return ConfigLayout(
+        cls=DeviceConfig,
+        groups={"broker": ("broker", "username", "password_file", "ca_file", "cert_file", "key_file", "keepalive_s",
+                           "max_bundle_bytes"),
+                "identity": ("fleet", "edge_node", "device_id", "trust"),
+                "state": ("state_path",),
+                "decisions": ("confidence", "threshold", "budget_ms", "stale_after_s", "policy_wait_s")},
+        env_prefix="STRATA_DEVICE_",
+        paths=frozenset({"password_file", "ca_file", "cert_file", "key_file", "trust", "state_path"}),
+        command="strata device")
+
+
+def _layered_device_config(args: argparse.Namespace) -> tuple[ConfigLayout, Layered[Any]]:
+    import dataclasses
+    import os
+
+    from device._config_file import load_layered
+
+    layout = _device_layout()
+    flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(layout.cls) if f.init}
+    return layout, load_layered(layout, file=args.config, environ=os.environ, flags=flags)
+
+
+def _device_config_show(args: argparse.Namespace) -> int:
+    from device._config_file import format_layered
+
+    layout, layered = _layered_device_config(args)
+    print(format_layered(layout, layered), end="")
+    return 0
+
+
 def _device_run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from device._config import config_from_args
     from device._deps import require
-    from device._device_run import Decision, DeviceConfig, DeviceRuntime, run_device
+    from device._device_run import Decision, DeviceRuntime, run_device
 
-    config = config_from_args(DeviceConfig, args)
+    config = _layered_device_config(args)[1].config
     # The env stands in for the device's sensors; only this command needs gymnasium, so it is imported here.
     gym = require("gymnasium", extra="edge", purpose="the local observation stream of `strata device run`")
     env = gym.make(args.env)
