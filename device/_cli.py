@@ -94,7 +94,8 @@ def _register_device(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "export-c", help="write a micro policy as dependency-free C99 (static weights, no malloc, libm only)",
         description="Translate a bundle's dense-MLP policy into strata_policy.h / strata_policy.c (API: int32_t "
         "strata_policy_act(const float *obs, float *out)) plus a test harness strata_policy_main.c. Operators "
-        "outside the supported set are refused by name.")
+        "outside the supported set are refused by name. A NaN or infinite observation is refused: the call returns "
+        "STRATA_POLICY_NONFINITE (-1) and leaves `out` untouched.")
     export_c.add_argument("--bundle", required=True, type=Path, metavar="FILE", help="policy bundle (.bundle)")
     export_c.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder to write the C files into")
     export_c.set_defaults(func=_device_export_c)

@@ -15,6 +15,13 @@ The generated API (``strata_policy.h``)::
 Discrete policies return the action index and, when `out` is not NULL, write the ``logits`` output
 (``STRATA_POLICY_OUT_DIM`` floats). Box policies write the ``action`` output to `out` and return 0.
 Constants are written with nine significant digits, which round-trips every float32 exactly.
+
+Non-finite observations are refused: ``strata_policy_act`` returns ``STRATA_POLICY_NONFINITE`` (-1) and leaves
+`out` untouched when any observation value is NaN or +-inf. onnxruntime's answer there is not a specification
+(its ArgMax of a row holding NaN depends on where the NaN falls in its SIMD lanes, see `device._executor`), so
+the C policy cannot follow it; the caller decides what a broken sensor means (a device escalates). Inside the
+graph NaN follows onnxruntime: Relu, Max/Min and Clip keep NaN (no ``fmaxf``/``fminf``, which drop it), and Clip
+without a bound clamps to the float range as onnxruntime's default bounds do.
 """
 
 from __future__ import annotations
@@ -33,10 +40,20 @@ from device._onnx_proto import DTYPES, parse_model
 SUPPORTED_OPS = ("Add", "ArgMax", "Cast", "Clip", "Constant", "DequantizeLinear", "Div", "Flatten", "Gemm",
                  "Identity", "MatMul", "Max", "Min", "Mul", "Relu", "Sigmoid", "Sub", "Tanh")
 _BINARY = {"Add": "{a} + {b}", "Sub": "{a} - {b}", "Mul": "{a} * {b}", "Div": "{a} / {b}",
-           "Max": "fmaxf({a}, {b})", "Min": "fminf({a}, {b})"}
+           "Max": "strata_max({a}, {b})", "Min": "strata_min({a}, {b})"}
 _NUMPY_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Max": np.maximum,
                  "Min": np.minimum}
-_UNARY = {"Tanh": "tanhf({x})", "Relu": "({x} > 0.0f ? {x} : 0.0f)", "Sigmoid": "1.0f / (1.0f + expf(-{x}))"}
+_UNARY = {"Tanh": "tanhf({x})", "Relu": "(({x} > 0.0f || {x} != {x}) ? {x} : 0.0f)",
+          "Sigmoid": "1.0f / (1.0f + expf(-{x}))"}
+# NaN-keeping max/min/clip (onnxruntime's semantics; C's fmaxf/fminf return the other operand for NaN).
+_HELPERS = {
+    "strata_max": "static float strata_max(float a, float b) { return (a != a || a > b) ? a : b; }",
+    "strata_min": "static float strata_min(float a, float b) { return (a != a || a < b) ? a : b; }",
+    "strata_clip": "static float strata_clip(float x, float lo, float hi) { return x != x ? x : (x < lo ? lo : "
+                   "(x > hi ? hi : x)); }",
+}
+_HELPER_OF = {"Max": "strata_max", "Min": "strata_min", "Clip": "strata_clip"}
+_FLT_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass
@@ -85,6 +102,8 @@ class _Emitter:
         self.body: list[str] = []
         self.count = 0
         self.num_weights = 0
+        self.helpers: set[str] = set()
+        """The `_HELPERS` the body calls (an unused static function would warn under -Wall)."""
 
     def name(self, prefix: str) -> str:
         self.count += 1
@@ -245,6 +264,8 @@ def generate_c(model: bytes, *, discrete: bool | None = None) -> CPolicy:
             if not isinstance(ins[0], _Vec) and not isinstance(ins[1], _Vec):
                 raise _refuse(op, nm)
             a, b = (_operand(em, v, n, op, nm) for v in ins)  # type: ignore[arg-type]
+            if op in _HELPER_OF:
+                em.helpers.add(_HELPER_OF[op])
             v = em.vec(n)
             em.body.append(f"    for (int i = 0; i < {n}; ++i) {v.code}[i] = {_BINARY[op].format(a=a, b=b)};")
             env[out] = v
@@ -254,8 +275,8 @@ def generate_c(model: bytes, *, discrete: bool | None = None) -> CPolicy:
                            f"{_UNARY[op].format(x=f'{x.code}[i]')};")
             env[out] = v
         elif op == "Clip":
-            lo: Any = node.attrs.get("min", -math.inf)
-            hi: Any = node.attrs.get("max", math.inf)
+            lo: Any = node.attrs.get("min", -_FLT_MAX)
+            hi: Any = node.attrs.get("max", _FLT_MAX)
             for idx, default in ((1, lo), (2, hi)):
                 bound = ins[idx] if len(ins) > idx else None
                 if isinstance(bound, _Vec):
@@ -263,8 +284,9 @@ def generate_c(model: bytes, *, discrete: bool | None = None) -> CPolicy:
                 value = default if bound is None else float(np.asarray(bound).reshape(-1)[0])
                 lo, hi = (value, hi) if idx == 1 else (lo, value)
             v = em.vec(x.n)
-            em.body.append(f"    for (int i = 0; i < {x.n}; ++i) {v.code}[i] = fminf(fmaxf({x.code}[i], "
-                           f"{_float_literal(lo)}), {_float_literal(hi)});")
+            em.helpers.add("strata_clip")
+            em.body.append(f"    for (int i = 0; i < {x.n}; ++i) {v.code}[i] = strata_clip({x.code}[i], "
+                           f"{_float_literal(lo)}, {_float_literal(hi)});")
             env[out] = v
         elif op == "ArgMax":
             if int(node.attrs.get("axis", 0)) not in (1, -1) or int(node.attrs.get("select_last_index", 0)):
@@ -298,26 +320,31 @@ def generate_c(model: bytes, *, discrete: bool | None = None) -> CPolicy:
         "#ifndef STRATA_POLICY_H\n#define STRATA_POLICY_H\n\n#include <stdint.h>\n\n"
         f"#define STRATA_POLICY_OBS_DIM {obs_dim}\n"
         f"#define STRATA_POLICY_OUT_DIM {out_vec.n}\n"
-        f"#define STRATA_POLICY_DISCRETE {1 if discrete else 0}\n\n"
+        f"#define STRATA_POLICY_DISCRETE {1 if discrete else 0}\n"
+        "#define STRATA_POLICY_NONFINITE (-1)\n\n"
         "/* Decide one observation (STRATA_POLICY_OBS_DIM floats, raw: normalisation is inside).\n"
         " * Discrete: returns the action index; writes the logits to `out` unless it is NULL.\n"
         " * Box: writes the clipped action (STRATA_POLICY_OUT_DIM floats) to `out`; returns 0.\n"
+        " * A NaN or infinite observation value is refused: returns STRATA_POLICY_NONFINITE, `out` untouched.\n"
         " * No allocation, no global state: safe to call from any context. */\n"
         "int32_t strata_policy_act(const float *obs, float *out);\n\n#endif\n")
     source = (
         "/* Generated by `strata device export-c` from a strata policy bundle. Do not edit. */\n"
         "#include <math.h>\n#include <stdint.h>\n\n#include \"strata_policy.h\"\n\n"
-        + "\n".join(em.consts)
-        + "\n\nint32_t strata_policy_act(const float *obs, float *out) {\n"
+        + "\n".join(em.consts) + "\n\n" + "".join(_HELPERS[h] + "\n" for h in sorted(em.helpers))
+        + "\nint32_t strata_policy_act(const float *obs, float *out) {\n"
+        + f"    for (int i = 0; i < {obs_dim}; ++i) if (!isfinite(obs[i])) return STRATA_POLICY_NONFINITE;\n"
         + body + "\n" + copy + f"\n    return {ret};\n}}\n")
     return CPolicy(header=header, source=source, obs_dim=obs_dim, out_dim=out_vec.n, discrete=discrete,
                    num_weights=em.num_weights)
 
 
 HARNESS = r"""/* Test and timing harness for strata_policy.c (not needed on the device).
- * Reads observations (STRATA_POLICY_OBS_DIM floats each) from stdin and prints, per observation, the returned
- * action and the STRATA_POLICY_OUT_DIM floats of `out`. With `--bench N` it instead times N calls on the
- * first observation and prints the mean nanoseconds per call. */
+ * Reads observations (STRATA_POLICY_OBS_DIM floats each, "nan" and "inf" allowed) from stdin and prints, per
+ * observation, the returned action and the STRATA_POLICY_OUT_DIM floats of `out`, or "-1 refused" for an
+ * observation the policy refuses (non-finite). Input that is not a number, or ends inside an observation, is an
+ * error: a message on stderr and exit status 2. With `--bench N` it instead times N calls on the first
+ * observation and prints the mean nanoseconds per call. */
 #define _POSIX_C_SOURCE 199309L
 #include <stdio.h>
 #include <stdlib.h>
@@ -328,9 +355,16 @@ HARNESS = r"""/* Test and timing harness for strata_policy.c (not needed on the 
 int main(int argc, char **argv) {
     float obs[STRATA_POLICY_OBS_DIM], out[STRATA_POLICY_OUT_DIM];
     long bench = (argc == 3 && strcmp(argv[1], "--bench") == 0) ? atol(argv[2]) : 0;
-    for (;;) {
+    for (long row = 0;; ++row) {
         for (int i = 0; i < STRATA_POLICY_OBS_DIM; ++i) {
-            if (scanf("%f", &obs[i]) != 1) return 0;
+            int got = scanf("%f", &obs[i]);
+            if (got == EOF && i == 0 && row > 0) return 0;
+            if (got != 1) {
+                fprintf(stderr, "strata_policy_main: observation %ld, value %d: %s; expected %d numbers per "
+                        "observation\n", row + 1, i + 1, got == EOF ? "input ended" : "not a number",
+                        STRATA_POLICY_OBS_DIM);
+                return 2;
+            }
         }
         if (bench > 0) {
             struct timespec t0, t1;
@@ -346,6 +380,10 @@ int main(int argc, char **argv) {
             return 0;
         }
         int32_t a = strata_policy_act(obs, out);
+        if (a == STRATA_POLICY_NONFINITE) {
+            printf("-1 refused\n");
+            continue;
+        }
         printf("%d", (int)a);
         for (int i = 0; i < STRATA_POLICY_OUT_DIM; ++i) printf(" %.9g", out[i]);
         printf("\n");

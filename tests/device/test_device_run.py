@@ -258,3 +258,19 @@ def test_an_oversized_retained_message_is_refused_once_without_reconnecting(
             f"strata device dev-big: refused a device bundle: {runtime.refused[0]}") == 1
     finally:
         cloud.close()
+
+
+def test_a_non_finite_observation_is_escalated(model: bytes) -> None:
+    """A broken sensor (NaN or inf) is not decided on the device: its confidence is NaN, never above a threshold."""
+    asked: list[np.ndarray] = []
+
+    def edge(obs: np.ndarray, budget_s: float) -> EscalationReply:
+        asked.append(obs)
+        return EscalationReply(id="x", action=(1.0,), policy_version=2)
+
+    c = TieredController(NumpyExecutor(model), discrete=True, escalate=edge, threshold=0.0)
+    for bad in (np.nan, np.inf):
+        with np.errstate(invalid="ignore"):
+            d = c.decide(np.array([0.0, bad, 0, 0], np.float32))
+        assert (d.tier, d.action) == ("edge", 1)
+    assert len(asked) == 2

@@ -28,9 +28,13 @@ def build(model: bytes, out: Path) -> Path:
 
 
 def run_harness(exe: Path, obs: np.ndarray) -> np.ndarray:
+    """The harness's rows: action and outputs; a refused (non-finite) observation's row is -1 then NaN."""
     text = "\n".join(" ".join(format(float(v), ".9g") for v in row) for row in obs)
     out = subprocess.run([str(exe)], input=text + "\n", capture_output=True, text=True, check=True).stdout
-    return np.array([[float(x) for x in line.split()] for line in out.strip().splitlines()])
+    rows = [line.split() for line in out.strip().splitlines()]
+    width = max(len(r) for r in rows)
+    return np.array([[float(x) for x in r] if r[1:] != ["refused"] else [-1.0] + [np.nan] * (width - 1)
+                     for r in rows])
 
 
 def reference(model: bytes, obs: np.ndarray) -> dict[str, np.ndarray]:
@@ -96,3 +100,46 @@ def test_strata_device_export_c_refuses_an_unsupported_graph(tmp_path: Path) -> 
     assert proc.returncode == 2
     assert "strata device export-c: operator 'Elu'" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "c" / "strata_policy.c").exists()
+
+
+def _with_non_finite_rows(obs: np.ndarray) -> np.ndarray:
+    bad = obs[:6].copy()
+    bad[0, 0], bad[1, 2], bad[2, 3], bad[3, :] = np.nan, np.inf, -np.inf, np.nan
+    bad[4, 1], bad[5, 0] = np.float32(3e38), -np.float32(3e38)  # finite, but far outside the clip range
+    return np.concatenate([obs, bad])
+
+
+@pytest.mark.parametrize("kind", ["discrete", "box"])
+def test_non_finite_observations_are_refused_and_finite_ones_match(tmp_path: Path, kind: str) -> None:
+    """Issue 21: a NaN observation got a finite action from `fmaxf`/`fminf` and `x > 0 ? x : 0`. Now a NaN or
+    inf observation is refused (-1, documented); every finite row, extreme ones included, matches onnxruntime."""
+    model = mlp_policy(hidden=(16,), activation="relu") if kind == "discrete" else \
+        mlp_policy(n_actions=None, act_dim=2, hidden=(16,))
+    obs = _with_non_finite_rows(OBS)
+    got = run_harness(build(model, tmp_path), obs)
+    finite = np.isfinite(obs).all(axis=1)
+    assert (got[~finite, 0] == -1).all() and int((~finite).sum()) == 4
+    ref = reference(model, obs[finite])
+    if kind == "discrete":
+        np.testing.assert_array_equal(got[finite, 0].astype(np.int64), ref["action"])
+        np.testing.assert_allclose(got[finite, 1:], ref["logits"], atol=1e-4, rtol=0)
+    else:
+        np.testing.assert_allclose(got[finite, 1:], ref["action"], atol=1e-4, rtol=0)
+
+
+def test_nan_inside_the_graph_follows_onnxruntime() -> None:
+    """Max/Min/Clip/Relu keep NaN as onnxruntime does; Clip without bounds clamps to the float range."""
+    policy = generate_c(mlp_policy(hidden=(16,), activation="relu"))
+    assert "fmaxf" not in policy.source and "fminf" not in policy.source
+    assert "STRATA_POLICY_NONFINITE" in policy.header
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("0.1 0.2 zebra 0.4\n", "observation 1, value 3: not a number"),
+    ("0.1 0.2 0.3 0.4\n0.5 0.6\n", "observation 2, value 3: input ended"),
+    ("", "observation 1, value 1: input ended"),
+])
+def test_the_harness_fails_loudly_on_bad_input(tmp_path: Path, text: str, message: str) -> None:
+    exe = build(mlp_policy(hidden=(16,)), tmp_path)
+    proc = subprocess.run([str(exe)], input=text, capture_output=True, text=True)
+    assert proc.returncode == 2 and message in proc.stderr
