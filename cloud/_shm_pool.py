@@ -345,8 +345,8 @@ class SharedMemoryVectorEnv(VectorEnv):
             self.close(terminate=True)
             if not all(obs_ok for obs_ok, _ in checks):
                 raise RuntimeError(
-                    f"SharedMemoryVectorEnv(..., observation_mode={observation_mode!r}): some of the sub-environments' "
-                    "observation spaces are not equivalent to the first one's. If this is intentional, use "
+                    "SharedMemoryVectorEnv(..., observation_mode='same') however some of the sub-environments "
+                    "observation spaces are not equivalent. If this is intentional, use "
                     "`observation_mode='different'` instead."
                     if observation_mode == "same"
                     else f"SharedMemoryVectorEnv(..., observation_mode={observation_mode!r}): the sub-environments' "
@@ -537,19 +537,26 @@ class SharedMemoryVectorEnv(VectorEnv):
             if self._act_fixed:
                 acts = np.asarray(actions)
                 want = (len(idx), *self._actions.shape[1:])
-                if acts.shape != want:
+                if acts.ndim == 0:
+                    raise TypeError(
+                        f"SharedMemoryVectorEnv.{what}: actions must be a batch of shape {want}, "
+                        f"got the scalar {acts!r}"
+                    )
+                if len(acts) != len(idx):
                     raise ValueError(
                         f"SharedMemoryVectorEnv.{what}: actions must have shape {want} "
                         f"({'action_space.shape' if slot == ALL else f'half_indices({slot})'}) but got {acts.shape}"
                     )
-                if acts.dtype == self._actions.dtype or np.can_cast(acts.dtype, self._actions.dtype, "safe"):
+                if acts.shape == want and (
+                    acts.dtype == self._actions.dtype or np.can_cast(acts.dtype, self._actions.dtype, "safe")
+                ):
                     if slot == ALL:
                         self._actions[...] = acts
                     else:
                         self._actions[idx] = acts
                 else:
-                    # Writing these into the action array would change them (0.7 -> 0 for a Discrete space):
-                    # hand each env its action unchanged, over the pipe, as AsyncVectorEnv does.
+                    # Writing these into the action array would change them (0.7 -> 0 for a Discrete space, a
+                    # reshape for a Box): hand each env its action unchanged, over the pipe, as AsyncVectorEnv does.
                     per_env, kind = list(acts), ACT_PIPE
             else:
                 per_env, kind = list(iterate(self._slot_action_spaces[slot], actions)), ACT_PIPE
@@ -595,6 +602,7 @@ class SharedMemoryVectorEnv(VectorEnv):
         spinner = self._spinner
         errors: list[tuple[_Worker, Any]] = []
         failure: WorkerFailedError | None = None
+        failed: set[int] = set()  # workers restarted with this slot's command abandoned: no result to read
         n = len(self._slot_indices[slot])
         blobs: list[Any] = []
         outs: dict[int, tuple[Any, ...]] = {}
@@ -617,6 +625,7 @@ class SharedMemoryVectorEnv(VectorEnv):
                 if timeout is not None and not crashed:
                     # The caller's own deadline: AsyncVectorEnv raises multiprocessing.TimeoutError.
                     self._restart(wk, reason, abandon=slot)
+                    failed.add(w)
                     failure = failure or WorkerTimeoutError(
                         f"The call to `{what}` has timed out after {timeout} second(s): worker {w} (envs "
                         f"{wk.base}..{wk.base + wk.num_envs - 1}) was restarted and its envs report truncated on "
@@ -626,6 +635,7 @@ class SharedMemoryVectorEnv(VectorEnv):
                     break
                 if self.config.on_worker_failure == "raise":
                     self._restart(wk, reason, abandon=slot)
+                    failed.add(w)
                     failure = failure or WorkerFailedError(
                         f"SharedMemoryVectorEnv.{what}: worker {w} (envs {wk.base}..{wk.base + wk.num_envs - 1}) "
                         f"{reason}; it was restarted and its envs report truncated on their next step",
@@ -636,7 +646,7 @@ class SharedMemoryVectorEnv(VectorEnv):
                 started = time.monotonic()
                 done_row, target = self._done_seq[w], int(self._cmd_seq[w, slot])
             wk.state = WorkerState.READY
-            if done_row[slot] < target or (failure is not None and failure.worker_index == w):
+            if w in failed:
                 continue
             length = int(self._info_len[w, slot])
             # Infos and error records are decoded without pickle (cloud._infocodec), like everything else here.

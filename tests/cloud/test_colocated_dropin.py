@@ -123,18 +123,21 @@ def test_every_call_after_close_raises_closed_environment_error(shared_memory: b
 
 
 @pytest.mark.parametrize("shared_memory", [True, False])
-def test_timeouts_raise_multiprocessing_timeout_error_and_the_pool_goes_on(shared_memory: bool) -> None:
-    fns = [lambda: EchoEnv(), lambda: EchoEnv(sleep_s=30.0)]
+@pytest.mark.parametrize("slow", [(1,), (0, 1)])
+def test_timeouts_raise_multiprocessing_timeout_error_and_the_pool_goes_on(
+    shared_memory: bool, slow: tuple[int, ...]
+) -> None:
+    fns = [lambda i=i: EchoEnv(sleep_s=30.0 if i in slow else 0.0) for i in range(2)]
     pool = SharedMemoryVectorEnv(fns, shared_memory=shared_memory, config=ColocatedConfig(num_workers=2))
     try:
         pool.reset(seed=0)
         pool.step_async(np.array([0, 1]))
         with pytest.raises(multiprocessing.TimeoutError, match=re.escape("The call to `step_wait` has timed out")):
             pool.step_wait(timeout=0.2)
-        assert pool.counters.worker_timeouts == 1
-        pool.set_attr("sleep_s", 0.0)  # the restarted worker answers again
+        assert pool.counters.worker_timeouts == len(slow)
+        pool.set_attr("sleep_s", 0.0)  # the restarted workers answer again
         _, _, _, truncated, _ = pool.step(np.array([0, 1]))
-        np.testing.assert_array_equal(truncated, [False, True])  # the dropped episode
+        np.testing.assert_array_equal(truncated, [i in slow for i in range(2)])  # the dropped episodes
     finally:
         pool.close()
 
@@ -199,6 +202,21 @@ def test_actions_are_not_cast_to_the_action_dtype(shared_memory: bool) -> None:
     finally:
         pool.close()
         ref.close()
+
+
+def test_actions_of_another_shape_or_a_scalar_are_handled_as_async_vector_env_does() -> None:
+    box = Box(-1.0, 1.0, (1,), np.float32)
+    pool = SharedMemoryVectorEnv([lambda: EchoEnv(action_space=box, episode=100)] * 2)
+    try:
+        pool.reset(seed=0)
+        pool.step([0.5, -0.5])  # one scalar per env where the space says (1,): each env gets its own element
+        assert pool.get_attr("last_action") == (0.5, -0.5)
+        with pytest.raises(TypeError, match=re.escape("actions must be a batch of shape (2, 1), got the scalar")):
+            pool.step(0)
+        with pytest.raises(ValueError, match=re.escape("actions must have shape (2, 1) (action_space.shape)")):
+            pool.step(np.zeros((3, 1), np.float32))
+    finally:
+        pool.close()
 
 
 # -- 4. sub-env spaces are checked -------------------------------------------------------------------------------
