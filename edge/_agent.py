@@ -182,14 +182,9 @@ class EdgeAgent:
         trust = TrustStore([load_public_key(p) for p in config.trust])
         _check_cache_dir(Path(config.cache_dir))
         self.cache = PolicyCache(Path(config.cache_dir), trust=trust, tier="edge", clock=clock, on_phase=on_phase)
-        try:
-            self.outbox = Outbox(Path(config.cache_dir) / "outbox.sqlite",
-                                 OutboxConfig(max_records=config.outbox_max_records, overflow=config.outbox_overflow))
-        except (OSError, sqlite3.Error) as exc:
-            raise EdgeConfigError(f"EdgeAgent: cannot open the telemetry outbox in --cache-dir {config.cache_dir!r}: "
-                                  f"{exc}; pass a writable folder") from None
-        self.counters = AgentCounters()
         self.last_error: str | None = None
+        self.outbox = self._open_outbox()
+        self.counters = AgentCounters()
         self._policy: OnnxPolicy | None = None
         self._policy_sha: str | None = None
         self._follow: str | None = config.policy
@@ -207,6 +202,31 @@ class EdgeAgent:
         self._lock = threading.Lock()
         self._last_report: tuple[float | None, float | None, int | None] = (None, None, None)
         self._installed_at = time.perf_counter()
+
+    def _open_outbox(self) -> Outbox:
+        path = Path(self.config.cache_dir) / "outbox.sqlite"
+        config = OutboxConfig(max_records=self.config.outbox_max_records, overflow=self.config.outbox_overflow)
+        try:
+            try:
+                return Outbox(path, config)
+            except sqlite3.OperationalError:
+                raise
+            except sqlite3.DatabaseError as exc:
+                # A corrupt outbox must not keep the node from acting: keep it for inspection, start a new one
+                # whose record ids (from the clock, in ms) stay above the old ones, so receivers that drop
+                # repeated (node, record_id) pairs do not drop the new records.
+                aside = path.with_name(f"outbox.sqlite.corrupt-{int(time.time())}")
+                for suffix in ("", "-wal", "-shm"):
+                    src = path.with_name(path.name + suffix)
+                    if src.exists():
+                        src.replace(aside.with_name(aside.name + suffix))
+                self.last_error = (f"telemetry outbox {path} was unreadable ({exc}): moved to {aside}; the records "
+                                   "it held are not sent")
+                log.warning("%s: %s", self.config.node_id, self.last_error)
+                return Outbox(path, config, first_id=int(time.time() * 1000))
+        except (OSError, sqlite3.Error) as exc:
+            raise EdgeConfigError(f"EdgeAgent: cannot open the telemetry outbox in --cache-dir "
+                                  f"{self.config.cache_dir!r}: {exc}; pass a writable folder") from None
 
     def _default_env(self) -> Any:
         gym = require("gymnasium", extra="edge", purpose="the edge simulators")

@@ -91,16 +91,26 @@ class Outbox:
     """The SQLite outbox of one node (see the module docstring). Thread-safe."""
 
     def __init__(self, path: Path, config: OutboxConfig | None = None, *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, first_id: int = 1) -> None:
         self.path = Path(path)
         self.config = config or OutboxConfig()
         self._clock = clock
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            self._open(first_id)
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _open(self, first_id: int) -> None:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={'FULL' if self.config.synchronous_full else 'NORMAL'}")
         self._db.executescript(_SCHEMA)
+        if first_id > 1:  # a new outbox replacing a lost one: ids must not repeat the receiver's (node, record_id)
+            self._db.execute("INSERT INTO sqlite_sequence (name, seq) SELECT 'records', ? WHERE NOT EXISTS "
+                             "(SELECT 1 FROM sqlite_sequence WHERE name = 'records')", (first_id - 1,))
         self._in_flight: dict[int, int] = {}  # paho mid -> record id
         self._sizes: dict[int, int] = {}  # record id -> payload bytes, for records in flight
         # Totals kept in memory, so put/stats stay O(1) however large a backlog an outage leaves.

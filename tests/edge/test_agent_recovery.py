@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edge import FleetMonitor, Publisher
+import pytest
+
+from edge import EdgeAgent, FleetMonitor, Publisher
 from tests._services import Mosquitto
 from tests.edge._agents import agent_config, running_agents, wait_until
 from tests.edge._policies import cartpole_bundle, make_keys
@@ -55,3 +57,34 @@ def test_an_install_that_cannot_be_written_is_reported_and_the_status_names_the_
         assert agent.version == 1
         wait_until(lambda: any(v.node == "n1" and v.version == 1 and "install of cartpole v2 failed" in (
             v.last_error or "") for v in monitor.snapshot()), what="status says v1 runs", timeout=60)
+
+
+@pytest.mark.parametrize("how", ["garbage", "truncated"])
+def test_a_corrupt_outbox_is_moved_aside_and_the_node_still_acts_with_new_record_ids(tmp_path: Path,
+                                                                                      how: str) -> None:
+    from device import TrustStore, load_public_key
+    from edge import PolicyCache
+
+    key, pub = make_keys(tmp_path / "keys")
+    config = agent_config(tmp_path, "n1", pub, None, fleet="outbox", steps=300, telemetry_interval_s=0.01)
+    cache = PolicyCache(Path(config.cache_dir), trust=TrustStore([load_public_key(pub)]))
+    cache.stage(cartpole_bundle(key, 1))
+    cache.commit()
+    agent = EdgeAgent(config).start()
+    agent.run()
+    agent.close(drain_s=0)
+    old_ids = agent.counters.telemetry_records
+    assert old_ids > 0
+    outbox = Path(config.cache_dir) / "outbox.sqlite"
+    for suffix in ("-wal", "-shm"):
+        outbox.with_name(outbox.name + suffix).unlink(missing_ok=True)
+    outbox.write_bytes(b"\x00garbage" * 512 if how == "garbage" else outbox.read_bytes()[:1500])
+    again = EdgeAgent(config).start()
+    try:
+        assert again.version == 1  # the policy runs whatever happened to the outbox
+        assert "moved to" in (again.last_error or "")
+        assert list(Path(config.cache_dir).glob("outbox.sqlite.corrupt-*"))
+        record_id = again.outbox.put("strata/outbox/nodes/n1/telemetry", lambda rid: b"x")
+        assert record_id is not None and record_id > old_ids
+    finally:
+        again.close(drain_s=0)
