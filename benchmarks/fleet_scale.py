@@ -338,6 +338,19 @@ def restart(broker: Broker, kids: Children, *, jitter: float, round_no: int, cou
             "peak_connacks_per_100ms": _peak_per_100ms(back), "broker_cpu_s": round(cpu, 3)}
 
 
+def _raise_fd_limit(needed: int) -> None:
+    """Raise the soft open-files limit to `needed` (within the hard limit), or stop with the fix."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise SystemExit(f"fleet_scale: {needed} open files needed, the hard limit is {hard}; raise it "
+                         f"(ulimit -Hn {needed}) or run fewer --agents")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100 agents in 2 processes (< 1 minute)")
@@ -354,6 +367,7 @@ def main() -> None:
         return
     count = args.agents or (100 if args.quick else 1000)
     nproc = args.processes or (2 if args.quick else 4)
+    _raise_fd_limit(count + 256)  # the broker holds one socket per agent; children and broker inherit the limit
     sys.path.insert(0, str(REPO))
     from edge_propagation import cartpole_onnx, make_bundle
 
