@@ -12,7 +12,8 @@ Pipeline of `distill`:
    its actions (Box);
 4. the student is exported with the same graph contract as every strata policy (`cloud._export`: input
    ``"obs"``, outputs ``"action"`` and ``"logits"``, the teacher's observation normalisation inside the graph),
-   checked, optionally stored with fp16/int8 weights (`device.quantize_model`), and signed as a
+   checked, optionally stored with fp16/int8 weights when that makes it smaller (`device.smallest_storage`; the
+   log says when the asked storage was not used), and signed as a
    ``target_tier="device"`` bundle whose manifest ``preprocessing["state_region"]`` records the region of the
    aggregated training states (`device.StateRegion`: mean and whitening matrix), from which a device gives a Box
    micro policy its confidence (an observation far outside it is escalated);
@@ -32,7 +33,7 @@ import numpy as np
 
 from cloud._envs import episode_returns
 from cloud._errors import CloudError
-from device import Bundle, ConfigError, SigningKey, StateRegion, build_bundle, quantize_model, require
+from device import Bundle, ConfigError, SigningKey, StateRegion, build_bundle, require, smallest_storage
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -287,7 +288,9 @@ def distill(teacher: Bundle | Path, *, env_id: str | None = None, signing_key: S
     region = StateRegion.fit(np.concatenate(states))
     model = export_onnx(graph, obs_shape=obs_shape, action_space=action_space)
     verify_onnx(model, graph, obs_space=obs_space, action_space=action_space)
-    model = quantize_model(model, config.weights)
+    model, weights, note = smallest_storage(model, config.weights)  # quantised only when it saves bytes
+    if note is not None and log is not None:
+        log(f"distill: {note}")
     executor = NumpyExecutor(model)
 
     def micro_act(obs: np.ndarray) -> Any:
@@ -313,7 +316,7 @@ def distill(teacher: Bundle | Path, *, env_id: str | None = None, signing_key: S
         producer={"algo": "distill", "torch": torch.__version__, "teacher_policy": m.policy,
                   "teacher_version": str(m.version), "teacher_sha256": m.model_sha256, "env_id": env_id,
                   "student": f"{'x'.join(str(h) for h in config.hidden_sizes)} {config.activation}",
-                  "weights": config.weights, "teacher_return": f"{teacher_return:.2f}",
+                  "weights": weights, "teacher_return": f"{teacher_return:.2f}",
                   "student_return": f"{student_return:.2f}"},
         output_names=output_names(action_space),
     )
@@ -343,7 +346,8 @@ def export_micro(args: Any, signing_key: SigningKey) -> int:
     write_bundle(Path(args.out), result.bundle)
     m = result.bundle.manifest
     print(f"strata export: wrote {args.out}: micro policy {m.policy!r} version {m.version}, tier device, "
-          f"{result.student_params:,} weights (teacher {result.teacher_params:,}), {args.weights}, model "
+          f"{result.student_params:,} weights (teacher {result.teacher_params:,}), "
+          f"{m.producer.get('weights', args.weights)}, model "
           f"{len(result.bundle.model):,} B; return {result.student_return:.1f} vs teacher {result.teacher_return:.1f} "
           f"({result.kept:.1%} kept)")
     return 0

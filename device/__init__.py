@@ -39,7 +39,7 @@ from device._executor import NumpyExecutor, supported_operators
 from device._export_c import export_c
 from device._keys import PublicKey, SigningKey, TrustStore, generate_keypair, load_public_key, load_signing_key
 from device._mqtt import DeviceLink, LinkOptions, MqttLinkError
-from device._quantize import quantization_error, quantize_model
+from device._quantize import quantization_error, quantize_model, smallest_storage
 from device._rollout import RolloutBatch
 from device._wire import WireError, pack_arrays, unpack_arrays
 
@@ -97,6 +97,7 @@ __all__ = [
     "quantize_model",
     "require",
     "run_device",
+    "smallest_storage",
     "space_bounds",
     "space_to_json",
     "supported_operators",

@@ -64,3 +64,22 @@ def test_quantized_bundle_is_small(model: bytes) -> None:
 def test_bad_storage_is_refused(model: bytes) -> None:
     with pytest.raises(ModelError, match=re.escape("weights must be one of ['fp32', 'fp16', 'int8'], got 'int4'")):
         quantize_model(model, "int4")  # type: ignore[arg-type]
+
+
+def test_quantized_storage_is_chosen_only_when_smaller() -> None:
+    """Issue 21: int8 and fp16 micro bundles were larger than fp32 (1,783 / 1,549 vs 1,561 B)."""
+    from device import smallest_storage
+
+    tiny = mlp_policy(seed=0, hidden=(16,))
+    for asked in ("fp16", "int8"):
+        stored, used, note = smallest_storage(tiny, asked)  # type: ignore[arg-type]
+        assert len(stored) <= len(tiny)
+        if used == "fp32":
+            assert stored == tiny and note is not None and note.startswith(f"{asked} weights do not make")
+        if used != asked:
+            assert note is not None and f"{asked} weights" in note
+    big = mlp_policy(seed=0, hidden=(64, 64))
+    for asked in ("fp16", "int8"):
+        stored, used, note = smallest_storage(big, asked)  # type: ignore[arg-type]
+        assert (used, note) == (asked, None) and len(stored) < len(big)
+    assert smallest_storage(tiny, "fp32") == (tiny, "fp32", None)
