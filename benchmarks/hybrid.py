@@ -19,11 +19,13 @@ step, the gradient all-reduce per update) and predicts H hosts x (1 learner + 8 
 
     colocated   one learner with its 8 workers on one host; it cannot use a second host (shared memory)
     decoupled   one learner, H x 8 env services on H hosts; each step costs the learner its inference and RPC
-    hybrid      H units; each update costs every unit its own share plus the all-reduces (ring: H - 1 hops)
+    hybrid      H units; each update costs every unit its own share plus 22 collectives of log2(H) rounds
 
 Every deployment's update is serial inside a learner (act, step the envs, update) and no faster than its CPU
-work divided by the cores it has; the model is checked against the measured H = 1 (colocated run) and H = 2
-(two torchrun nodes) figures on this machine (2 cores for everything).
+work divided by the cores it has. CPU seconds per step are what the runs measure (robust to other load); the
+all-reduce latency comes from a 2-process gloo micro-benchmark. The model is checked against the measured
+H = 1 (co-located and decoupled runs) and H = 2 (local units; two torchrun nodes) figures on this machine: 2
+cores for everything, each busy process getting the share of a core a probe measures before and after.
 
     .venv/bin/python benchmarks/hybrid.py [--quick]
 """
@@ -126,7 +128,7 @@ class Services:
 def _budget(env_id: str, quick: bool) -> tuple[int, float]:
     """(env-step budget, target 20-episode mean return) of a run."""
     if env_id == HEAVY_ID:
-        return (6_000, 60.0) if quick else (40_000, 300.0)
+        return (6_000, 60.0) if quick else (25_000, 200.0)
     return (12_000, 100.0) if quick else (100_000, 475.0)
 
 
@@ -244,55 +246,104 @@ def run_two_nodes(*, seed: int, quick: bool, work: Path) -> dict[str, Any]:
 
 # --- the cost model -------------------------------------------------------------------------------------------
 
+COLLECTIVES_PER_UPDATE = 20 + 2
+"""Gradient all-reduces of one update (update_epochs 20 x 1 minibatch) plus the summary gather and decision."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Costs:
-    """Per-env-step CPU seconds measured in this run (one env)."""
+    """Costs measured in this run: CPU seconds per env step (robust to load) and one all-reduce's latency."""
 
     learner: float
     """Learner CPU per env step, co-located (acting, GAE, the PPO update amortised over the batch)."""
     learner_rpc: float
-    """Learner CPU per env step when its envs are behind gRPC (acting + the RPC client)."""
+    """Learner CPU per env step when its envs are behind gRPC (acting + the RPC client + the update)."""
     env: float
     """Env worker CPU per env step, co-located (the simulator plus the shared-memory protocol)."""
     env_rpc: float
     """Env service CPU per env step (the simulator plus the gRPC server)."""
     allreduce: float
-    """Wall seconds of one update's gradient all-reduces between 2 units."""
+    """Wall seconds of one gradient all-reduce (the actor-critic's gradients) between 2 processes."""
 
 
-def costs_from(runs: dict[str, dict[str, Any]]) -> Costs:
-    col, dec, hyb = runs["colocated"], runs["decoupled"], runs["hybrid"]
+def costs_from(runs: dict[str, dict[str, Any]], allreduce: float) -> Costs:
+    col, dec = runs["colocated"], runs["decoupled"]
     return Costs(learner=col["learner_cpu_s"] / col["steps"], learner_rpc=dec["learner_cpu_s"] / dec["steps"],
                  env=col["worker_cpu_s"] / col["steps"], env_rpc=dec["worker_cpu_s"] / dec["steps"],
-                 allreduce=hyb["allreduce_s_per_update"])
+                 allreduce=allreduce)
 
 
 def predict(c: Costs, deployment: str, hosts: int, *, workers_per_host: int = 8, cores_per_host: float = 9.0,
-            shared_cores: float | None = None, batch: int = 256) -> float:
+            shared_cores: float | None = None, cpu_share: float = 1.0, batch: int = 256) -> float:
     """Predicted env steps/s of `deployment` on `hosts` hosts (each 1 learner + `workers_per_host` workers).
 
-    An update of ``batch`` transitions per learner takes the longer of (a) its serial path: the learner's CPU
-    for every step it handles, plus the env CPU spread over the workers it waits on, plus (hybrid) the
-    all-reduces; (b) the CPU work of the whole deployment over its cores. `shared_cores` puts every host on
-    the same cores (this machine), as the checks need.
+    An update of ``batch`` transitions per learner lasts the longer of (a) the learner's serial path: its own
+    CPU for every step, the env CPU of a step spread over the workers it waits on (strata's collect is
+    synchronous), and for hybrid the update's collectives, each an all-reduce of ``log2(H)`` rounds (gloo's
+    halving-doubling); (b) the deployment's CPU work over its cores. `shared_cores` puts every host on the
+    same cores (this machine) and `cpu_share` is the fraction of a core one busy process gets there.
     """
     if deployment == "colocated":
         hosts = 1  # the workers share memory with the one learner: a second host cannot join
     if deployment == "hybrid":
         units, per_learner, learner, env = hosts, batch, c.learner, c.env
-        collective = c.allreduce * max(hosts - 1, 0)  # ring all-reduce: H - 1 hops (1 hop measured at H = 2)
+        collectives = COLLECTIVES_PER_UPDATE * c.allreduce * float(np.log2(hosts)) if hosts > 1 else 0.0
     elif deployment == "decoupled":
         units, per_learner, learner, env = 1, batch * hosts, c.learner_rpc, c.env_rpc
-        collective = 0.0
+        collectives = 0.0
     else:
         units, per_learner, learner, env = 1, batch, c.learner, c.env
-        collective = 0.0
-    workers = workers_per_host * hosts if deployment != "colocated" else workers_per_host
-    workers_per_learner = workers / units
-    serial = per_learner * learner + per_learner * env / workers_per_learner + collective
+        collectives = 0.0
+    workers_per_learner = workers_per_host * hosts / units
+    serial = (per_learner * learner + per_learner * env / workers_per_learner) / cpu_share + collectives
     cores = shared_cores if shared_cores is not None else cores_per_host * hosts
     work = units * per_learner * (learner + env) / cores
     return units * per_learner / max(serial, work)
+
+
+def _allreduce_worker(rank: int, port: int, numel: int, repeats: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    grads = torch.ones(numel)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        dist.all_reduce(grads)
+        times.append(time.perf_counter() - started)
+    dist.destroy_process_group()
+    if rank == 0:
+        Path(out).write_text(json.dumps(float(np.median(times))))
+
+
+def measure_allreduce(numel: int = 9_155, repeats: int = 300) -> float:
+    """Median seconds of one gloo all-reduce of `numel` float32 between 2 processes.
+
+    9,155 is the CartPole agent's actor-critic (64x64) parameter count.
+    """
+    import socket
+    import tempfile
+
+    from torch.multiprocessing.spawn import start_processes
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = Path(tempfile.mkdtemp()) / "allreduce.json"
+    start_processes(_allreduce_worker, args=(port, numel, repeats, str(out)), nprocs=2,  # type: ignore[no-untyped-call]
+                    start_method="spawn")
+    return float(json.loads(out.read_text()))
+
+
+def cpu_share(seconds: float = 1.0) -> float:
+    """The fraction of a core one busy process gets on this machine now (1.0 when it is idle)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    while time.perf_counter() - wall < seconds:
+        pass
+    return min(1.0, (time.process_time() - cpu) / (time.perf_counter() - wall))
 
 
 # --- main -------------------------------------------------------------------------------------------------------
@@ -319,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     work = args.work or Path(tempfile.mkdtemp(prefix="strata-hybrid-bench-"))
+    allreduce = measure_allreduce(repeats=100 if args.quick else 300)
+    share = cpu_share()
     rows: list[dict[str, Any]] = []
     for env_id in ("CartPole-v1", HEAVY_ID):
         for seed in range(args.seeds):
@@ -326,49 +379,54 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(run_single(env_id, "decoupled", seed=seed, quick=args.quick, work=work / env_id))
             rows.append(run_hybrid(env_id, seed=seed, quick=args.quick, work=work / env_id))
     rows.append(run_two_nodes(seed=0, quick=args.quick, work=work / "CartPole-v1"))
+    share = (share + cpu_share()) / 2  # load moves during a run: the mean of a probe before and after
 
     print(f"{'env':<30} {'deployment':<24} {'seed':>4} {'steps':>8} {'steps/s':>9} {'to target s':>11} "
           f"{'to target steps':>15} {'learner CPU':>11}")
     for r in rows:
         to_s = "-" if r["solved_at_s"] is None else f"{r['solved_at_s']:.1f}"
         to_n = "-" if r["solved_at_step"] is None else f"{r['solved_at_step']:,}"
-        share = f"{r['learner_share']:.0%}" if "learner_share" in r else "-"
+        learner = f"{r['learner_share']:.0%}" if "learner_share" in r else "-"
         print(f"{r['env']:<30} {r['deployment']:<24} {r['seed']:>4} {r['steps']:>8,} {r['steps_per_s']:>9,.0f} "
-              f"{to_s:>11} {to_n:>15} {share:>11}")
+              f"{to_s:>11} {to_n:>15} {learner:>11}")
 
     model: dict[str, Any] = {}
+    cores = float(os.cpu_count() or 1)
     for env_id in ("CartPole-v1", HEAVY_ID):
         mine = {r["deployment"]: r for r in rows if r["env"] == env_id and r["seed"] == 0}
-        costs = costs_from(mine)
+        costs = costs_from(mine, allreduce)
         table = {d: [predict(costs, d, h) for h in range(1, 17)] for d in ("colocated", "decoupled", "hybrid")}
-        checks = {"H=1 colocated": (predict(costs, "colocated", 1, shared_cores=float(os.cpu_count() or 1)),
-                                    mine["colocated"]["steps_per_s"]),
-                  "H=1 decoupled": (predict(costs, "decoupled", 1, shared_cores=float(os.cpu_count() or 1),
-                                            workers_per_host=WORKERS), mine["decoupled"]["steps_per_s"])}
+
+        def here(deployment: str, hosts: int, workers: int, batch: int = 256, c: Costs = costs) -> float:
+            return predict(c, deployment, hosts, workers_per_host=workers, batch=batch, shared_cores=cores,
+                           cpu_share=share)
+
+        checks = {"H=1 colocated": (here("colocated", 1, WORKERS), mine["colocated"]["steps_per_s"]),
+                  "H=1 decoupled": (here("decoupled", 1, WORKERS), mine["decoupled"]["steps_per_s"]),
+                  "H=2 hybrid (2 local units)": (here("hybrid", 2, WORKERS // UNITS, 256 // UNITS),
+                                                 mine["hybrid"]["steps_per_s"])}
         if env_id == "CartPole-v1":
             two = next(r for r in rows if r["deployment"] == "hybrid 2 torchrun nodes")
-            two_costs = dataclasses.replace(costs, allreduce=two["allreduce_s_per_update"])
-            checks["H=2 hybrid (2 torchrun nodes)"] = (
-                predict(two_costs, "hybrid", 2, workers_per_host=WORKERS // UNITS, batch=256 // UNITS,
-                        shared_cores=float(os.cpu_count() or 1)), two["steps_per_s"])
-        checks["H=2 hybrid (local units)"] = (
-            predict(costs, "hybrid", 2, workers_per_host=WORKERS // UNITS, batch=256 // UNITS,
-                    shared_cores=float(os.cpu_count() or 1)), mine["hybrid"]["steps_per_s"])
+            checks["H=2 hybrid (2 torchrun nodes)"] = (here("hybrid", 2, WORKERS // UNITS, 256 // UNITS),
+                                                       two["steps_per_s"])
         ratio = [table["hybrid"][h] / table["decoupled"][h] for h in range(16)]
-        model[env_id] = {"costs_us_per_step": {k: v * 1e6 for k, v in dataclasses.asdict(costs).items()},
+        crossing = next((h + 1 for h in range(16) if ratio[h] >= 3.2), None)
+        model[env_id] = {"costs_us": {k: round(v * 1e6, 1) for k, v in dataclasses.asdict(costs).items()},
                          "predicted_steps_per_s": {d: [round(x) for x in v] for d, v in table.items()},
-                         "hybrid_over_decoupled": [round(x, 2) for x in ratio],
+                         "hybrid_over_decoupled": [round(x, 2) for x in ratio], "reaches_3.2x_at_H": crossing,
                          "checks": {k: {"predicted": round(p), "measured": round(m)} for k, (p, m) in checks.items()}}
-        print(f"\n# model, {env_id}: per-step costs (us) "
+        print(f"\n# model, {env_id}: costs (us; per env step, all-reduce per call) "
               + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in dataclasses.asdict(costs).items()))
         print(f"{'H':>3} {'colocated':>10} {'decoupled':>10} {'hybrid':>10} {'hybrid/decoupled':>17}")
         for h in range(16):
             print(f"{h + 1:>3} {table['colocated'][h]:>10,.0f} {table['decoupled'][h]:>10,.0f} "
                   f"{table['hybrid'][h]:>10,.0f} {ratio[h]:>17.2f}")
+        print(f"# hybrid/decoupled reaches 3.2x at H = {crossing}")
         for name, (p, m) in checks.items():
-            print(f"# check {name}: predicted {p:,.0f} steps/s, measured {m:,.0f} ({p / m - 1:+.0%})")
-    print(json.dumps({"benchmark": "hybrid", "quick": args.quick, "cpus": os.cpu_count(),
-                      "load_avg": os.getloadavg()[0], "runs": rows, "model": model}))
+            print(f"# check on this machine ({cores:.0f} cores, a busy process gets {share:.0%} of one), {name}: "
+                  f"predicted {p:,.0f} steps/s, measured {m:,.0f} ({p / m - 1:+.0%})")
+    print(json.dumps({"benchmark": "hybrid", "quick": args.quick, "cpus": os.cpu_count(), "cpu_share": share,
+                      "allreduce_s": allreduce, "load_avg": os.getloadavg()[0], "runs": rows, "model": model}))
     return 0
 
 

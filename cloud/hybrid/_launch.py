@@ -28,9 +28,9 @@ def check_spec(spec: UnitSpec) -> None:
         raise ConfigError(f"train --modes hybrid: units cannot use modes {unknown}; choose from {list(UNIT_MODES)} "
                           "(e.g. --modes hybrid colocated decoupled)")
     workers = spec.hybrid.workers_per_unit
-    if workers is not None and spec.config.num_envs % workers:
-        raise ConfigError(f"train --modes hybrid: --num-envs {spec.config.num_envs} (per unit) is not a multiple of "
-                          f"--workers-per-unit {workers}; give every worker the same number of envs")
+    if workers is not None and workers > spec.config.num_envs:
+        raise ConfigError(f"train --modes hybrid: --workers-per-unit {workers} is more than --num-envs "
+                          f"{spec.config.num_envs} (per unit); every worker needs an env")
     probe_spaces(spec.env_id)
     if not under_torchrun():
         has_checkpoint = latest_checkpoint(spec.run_dir) is not None

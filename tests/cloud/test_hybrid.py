@@ -134,8 +134,8 @@ def test_cli_trains_hybrid_units_and_exports_their_policy(tmp_path: Path) -> Non
     (("--modes", "hybrid", "functions"), "strata train: error: train --modes hybrid: units cannot use modes "
                                          "['functions']"),
     (("--modes", "hybrid", "--phase-steps", "10"), "automatic switching rules (phase_steps) are not supported"),
-    (("--modes", "hybrid", "--num-envs", "3", "--workers-per-unit", "2"), "--num-envs 3 (per unit) is not a "
-                                                                         "multiple of --workers-per-unit 2"),
+    (("--modes", "hybrid", "--num-envs", "1", "--workers-per-unit", "2"), "--workers-per-unit 2 is more than "
+                                                                         "--num-envs 1 (per unit)"),
 ])
 def test_cli_refuses_what_hybrid_units_cannot_do(flags: tuple[str, ...], message: str, tmp_path: Path) -> None:
     result = run_strata("train", "--env", "CartPole-v1", "--total-steps", "64", "--run-dir", str(tmp_path / "r"),
