@@ -32,6 +32,9 @@ def check_spec(spec: UnitSpec) -> None:
         raise ConfigError(f"train --modes hybrid: --workers-per-unit {workers} is more than --num-envs "
                           f"{spec.config.num_envs} (per unit); every worker needs an env")
     probe_spaces(spec.env_id)
+    if under_torchrun() and spec.hybrid.max_restarts:
+        raise ConfigError(f"train --modes hybrid: --max-restarts {spec.hybrid.max_restarts} applies when strata starts "
+                          "the units; under torchrun pass torchrun's own --max-restarts")
     if not under_torchrun():
         has_checkpoint = latest_checkpoint(spec.run_dir) is not None
         if spec.resume and not has_checkpoint:

@@ -26,6 +26,7 @@ import numpy as np
 from cloud._checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from cloud._control import SWITCHES_FILE
 from cloud._errors import HybridError
+from cloud._stop import trim_jsonl
 from cloud._switcher import SwitchEvent
 from cloud.hybrid._config import UnitSpec
 from device import ConfigError, require, space_to_json
@@ -159,27 +160,13 @@ def _resume_state(spec: UnitSpec) -> dict[str, Any] | None:
                           f"{spec.env_id!r}; resume with --env {state['env_id']}")
     if int(os.environ.get("RANK", "0")) == 0:
         version = int(state["version"])
-        for name, key in (("metrics.jsonl", "policy_version"), (SWITCHES_FILE, "at_version")):
-            _trim_jsonl(Path(spec.run_dir) / name, key, version)
+        trim_jsonl(Path(spec.run_dir) / "metrics.jsonl", lambda record: int(record["policy_version"]) <= version)
+        trim_jsonl(Path(spec.run_dir) / SWITCHES_FILE, lambda record: int(record["at_version"]) <= version)
         if restarted:
             print(f"strata train: the unit group was restarted (restart "
                   f"{os.environ['TORCHELASTIC_RESTART_COUNT']}): every unit resumes from {path} (policy version "
                   f"{version}, step {int(state['global_step']):,})", flush=True)
     return state
-
-
-def _trim_jsonl(path: Path, key: str, version: int) -> None:
-    """Drop the lines of a run log written after the checkpoint a run resumes from (so nothing is logged twice)."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
-        try:
-            if int(json.loads(line).get(key) or 0) <= version:
-                kept.append(line if line.endswith("\n") else line + "\n")
-        except ValueError:  # a line torn by the kill that stopped the previous attempt
-            continue
-    path.write_text("".join(kept), encoding="utf-8")
 
 
 def run_unit(spec: UnitSpec) -> HybridResult:
