@@ -39,6 +39,13 @@ from device._executor import NumpyExecutor, supported_operators
 from device._export_c import export_c
 from device._keys import PublicKey, SigningKey, TrustStore, generate_keypair, load_public_key, load_signing_key
 from device._mqtt import DeviceLink, LinkOptions, MqttLinkError
+from device._mqtt_access import (
+    MqttAccess,
+    MqttRole,
+    MqttTopicName,
+    mqtt_client_id,
+    mqtt_topic,
+)
 from device._quantize import quantization_error, quantize_model, smallest_storage
 from device._rollout import RolloutBatch
 from device._wire import WireError, pack_arrays, unpack_arrays
@@ -64,7 +71,10 @@ __all__ = [
     "Manifest",
     "MissingDependencyError",
     "ModelError",
+    "MqttAccess",
     "MqttLinkError",
+    "MqttRole",
+    "MqttTopicName",
     "NumpyExecutor",
     "PublicKey",
     "RollbackError",
@@ -92,6 +102,8 @@ __all__ = [
     "generate_keypair",
     "load_public_key",
     "load_signing_key",
+    "mqtt_client_id",
+    "mqtt_topic",
     "pack_arrays",
     "quantization_error",
     "quantize_model",

@@ -44,6 +44,7 @@ from device._errors import ConfigError, StrataError
 from device._executor import NumpyExecutor
 from device._keys import TrustStore
 from device._mqtt import DeviceLink, LinkOptions, MqttLinkError, parse_broker
+from device._mqtt_access import mqtt_client_id
 
 log = logging.getLogger("strata.device")
 
@@ -377,8 +378,9 @@ class DeviceRuntime:
                                  state_path=Path(config.state_path) if config.state_path else None, clock=clock)
         self._clock = clock
         host, port, tls = parse_broker(config.broker)
+        cid = mqtt_client_id("device", fleet=config.fleet, node=config.edge_node, device=config.device_id)
         password = read_password_file(config.password_file) if config.password_file else None
-        options = LinkOptions(host=host, port=port, client_id=config.device_id, tls=tls, keepalive_s=config.keepalive_s,
+        options = LinkOptions(host=host, port=port, client_id=cid, tls=tls, keepalive_s=config.keepalive_s,
                               username=config.username, password=password, ca_file=config.ca_file,
                               cert_file=config.cert_file, key_file=config.key_file)
         self.link = DeviceLink(options, on_message=self._on_message,

@@ -1,7 +1,7 @@
 """The device-tier MQTT contract: the topics between an edge node and its terminal devices, and their payloads.
 
-Topics (under ``strata/{fleet}/``; the device tier cannot import ``edge``, so these strings live here and the
-edge gateway imports them from ``device``):
+Topics (under ``strata/{fleet}/``; the patterns and who uses them are in ``device._mqtt_access``, which the
+edge tier and infra's IoT policy build on too):
 
     device-policy                                 retained: a device-tier bundle for the whole fleet (the cloud
                                                   publishes it; every edge gateway verifies and relays it)
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from device._errors import ConfigError, StrataError
+from device._mqtt_access import mqtt_topic
 
-PREFIX = "strata"
 MAX_REQUEST_BYTES = 16 * 1024
 """Requests and replies above this size are refused (a micro policy's observation is a few floats)."""
 
@@ -58,29 +58,31 @@ class DeviceTopics:
     @property
     def fleet_device_policy(self) -> str:
         """Retained fleet-wide device bundle, published by the cloud."""
-        return f"{PREFIX}/{self.fleet}/device-policy"
+        return mqtt_topic(self.fleet, "fleet_device_policy")
 
     @property
     def device_policy(self) -> str:
         """Retained device bundle relayed by this edge node."""
-        return f"{PREFIX}/{self.fleet}/edges/{self.edge}/device-policy"
+        return mqtt_topic(self.fleet, "device_policy", node=self.edge)
 
     def request(self, device: str) -> str:
         """Escalation requests of one device."""
-        return f"{PREFIX}/{self.fleet}/edges/{self.edge}/devices/{check_device_segment(device, 'device id')}/request"
+        device = check_device_segment(device, "device id")
+        return mqtt_topic(self.fleet, "device_request", node=self.edge, device=device)
 
     def reply(self, device: str) -> str:
         """Escalation replies to one device."""
-        return f"{PREFIX}/{self.fleet}/edges/{self.edge}/devices/{check_device_segment(device, 'device id')}/reply"
+        device = check_device_segment(device, "device id")
+        return mqtt_topic(self.fleet, "device_reply", node=self.edge, device=device)
 
     @property
     def all_requests(self) -> str:
         """Wildcard subscription of the edge gateway to every device's requests (no retained messages needed)."""
-        return f"{PREFIX}/{self.fleet}/edges/{self.edge}/devices/+/request"
+        return mqtt_topic(self.fleet, "device_request", node=self.edge, device="+")
 
     def device_of_request(self, topic: str) -> str | None:
         """The device id of a request topic of this edge, or None for any other topic."""
-        head = f"{PREFIX}/{self.fleet}/edges/{self.edge}/devices/"
+        head = mqtt_topic(self.fleet, "device_request", node=self.edge, device="\0").split("\0")[0]
         if not topic.startswith(head) or not topic.endswith("/request"):
             return None
         device = topic[len(head):-len("/request")]

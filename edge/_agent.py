@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from device import Bundle, BundleError, RolloutBatch, TrustStore, load_public_key, require
+from device import Bundle, BundleError, RolloutBatch, TrustStore, load_public_key, mqtt_client_id, require
 from edge._cache import Phase, PolicyCache
 from edge._errors import CacheError, EdgeConfigError, EdgeError, PayloadError
 from edge._gateway import EdgeGateway, GatewayConfig
@@ -66,7 +66,7 @@ class EdgeAgentConfig:
     fleet: str
     """Fleet name: the topic namespace strata/{fleet}/."""
     node_id: str
-    """This node's id; also its MQTT client id (a stable id keeps the persistent session)."""
+    """This node's id; its MQTT client id is ``{fleet}.{node_id}`` (stable, so the persistent session is kept)."""
     cache_dir: str
     """Folder of the A/B policy cache, the anti-rollback state and the telemetry outbox."""
     trust: tuple[str, ...]
@@ -304,7 +304,8 @@ class EdgeAgent:
             self._follow = bundle.policy
         if self.config.broker is not None:
             password = read_password_file(self.config.password_file) if self.config.password_file else None
-            link_config = LinkConfig(broker=self.config.broker, client_id=self.config.node_id,
+            cid = mqtt_client_id("agent", fleet=self.config.fleet, node=self.config.node_id)
+            link_config = LinkConfig(broker=self.config.broker, client_id=cid,
                                      username=self.config.username, password=password, ca_file=self.config.ca_file,
                                      cert_file=self.config.cert_file, key_file=self.config.key_file)
             will = (self.topics.node(self.config.node_id, "status"), self._will_payload())

@@ -1,6 +1,6 @@
 """The edge's gateway to its terminal devices: answers escalations with the edge policy and relays micro policies.
 
-Two jobs, on one MQTT link of its own (client id ``{node}-gateway``) beside the edge agent's:
+Two jobs, on one MQTT link of its own (client id ``{fleet}.{node}.gateway``) beside the edge agent's:
 
 - **Escalations.** Requests from every device of this edge (``edges/{node}/devices/+/request``) go into a
   bounded queue; when it is full the device is told ``busy`` at once, so it falls back without waiting out
@@ -40,6 +40,7 @@ from device import (
     EscalationRequest,
     TrustStore,
     Verifier,
+    mqtt_client_id,
 )
 from edge._errors import EdgeConfigError
 from edge._mqtt import LinkConfig, MqttLink
@@ -125,7 +126,8 @@ class EdgeGateway:
         # (`strata broker config`) would let a second connection of the node's user take the first one over.
         self._owns_link = link is None
         if link is None:
-            link_config = LinkConfig(broker=config.broker, client_id=f"{config.node}-gateway", clean_session=True,
+            link_config = LinkConfig(broker=config.broker, clean_session=True,
+                                     client_id=mqtt_client_id("gateway", fleet=config.fleet, node=config.node),
                                      username=config.username, password=config.password, ca_file=config.ca_file,
                                      cert_file=config.cert_file, key_file=config.key_file)
             link = MqttLink(link_config, on_message=self._on_message)

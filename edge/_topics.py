@@ -12,6 +12,9 @@ Topics (all under ``strata/{fleet}/``; QoS 1 everywhere; MQTT 3.1.1 features onl
     nodes/{node}/control                  JSON `Control` for one node
     control                               JSON `Control` for the whole fleet
 
+The patterns, and which client publishes or subscribes to each, live in ``device._mqtt_access`` (the IoT
+policy of a node is derived from the same table).
+
 Every topic a node must read is exact, never a wildcard, because AWS IoT Core sends no retained messages to
 wildcard subscriptions. Payloads are JSON for small control messages and raw bytes for binary ones; nothing is
 ever pickled. AWS IoT Core caps a payload at 128 KB, so a bundle over `MAX_SINGLE_BUNDLE` (100 KB) travels in
@@ -35,10 +38,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from device import RolloutBatch, WireError, pack_arrays, unpack_arrays
+from device import MqttTopicName, RolloutBatch, WireError, mqtt_topic, pack_arrays, unpack_arrays
+from device._mqtt_access import MQTT_PREFIX as PREFIX
 from edge._errors import EdgeConfigError, PayloadError
 
-PREFIX = "strata"
 QOS = 1
 AWS_MAX_PAYLOAD = 128 * 1024
 """AWS IoT Core's payload limit; nothing strata publishes is larger."""
@@ -58,6 +61,8 @@ _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 NodeTopicKind = Literal["status", "telemetry", "experience", "control"]
 _NODE_KINDS: tuple[NodeTopicKind, ...] = ("status", "telemetry", "experience", "control")
+_NODE_TOPICS: dict[NodeTopicKind, MqttTopicName] = {"status": "node_status", "telemetry": "node_telemetry",
+                                                 "experience": "node_experience", "control": "node_control"}
 ControlCommand = Literal["status", "resync"]
 CONTROL_COMMANDS: tuple[ControlCommand, ...] = ("status", "resync")
 
@@ -89,32 +94,34 @@ class FleetTopics:
     @property
     def announce(self) -> str:
         """Retained latest announcement of the fleet."""
-        return f"{self.root}/announce"
+        return mqtt_topic(self.fleet, "announce")
 
     @property
     def control(self) -> str:
         """Fleet-wide control."""
-        return f"{self.root}/control"
+        return mqtt_topic(self.fleet, "control")
 
     def policy_latest(self, policy: str) -> str:
         """Retained latest bundle (or chunked announcement) of one policy."""
-        return f"{self.root}/policies/{check_segment(policy, 'policy')}/latest"
+        return mqtt_topic(self.fleet, "policy_latest", policy=check_segment(policy, "policy"))
 
     def policy_chunk(self, policy: str, index: int) -> str:
         """Retained chunk `index` of the latest chunked bundle of one policy."""
         if not 0 <= index < MAX_CHUNKS:
             raise EdgeConfigError(f"policy_chunk: index {index} is outside 0..{MAX_CHUNKS - 1}")
-        return f"{self.root}/policies/{check_segment(policy, 'policy')}/chunks/{index}"
+        return mqtt_topic(self.fleet, "policy_chunk", policy=check_segment(policy, "policy"), index=index)
 
     def node(self, node: str, kind: NodeTopicKind) -> str:
         """``nodes/{node}/{kind}`` for kind in status, telemetry, experience, control."""
         if kind not in _NODE_KINDS:
             raise EdgeConfigError(f"node topic kind {kind!r} is not one of {list(_NODE_KINDS)}")
-        return f"{self.root}/nodes/{check_segment(node, 'node id')}/{kind}"
+        return mqtt_topic(self.fleet, _NODE_TOPICS[kind], node=check_segment(node, "node id"))
 
     def all_nodes(self, kind: NodeTopicKind) -> str:
         """Wildcard over every node's `kind` topic (for the cloud side; retained messages need Mosquitto)."""
-        return f"{self.root}/nodes/+/{kind}"
+        if kind not in _NODE_KINDS:
+            raise EdgeConfigError(f"node topic kind {kind!r} is not one of {list(_NODE_KINDS)}")
+        return mqtt_topic(self.fleet, _NODE_TOPICS[kind], node="+")
 
     def parse_node_topic(self, topic: str) -> tuple[str, NodeTopicKind] | None:
         """``(node, kind)`` for a node topic of this fleet, else None."""

@@ -1,12 +1,19 @@
-"""AWS IoT Core for edge nodes: the per-node policy that mirrors the Mosquitto ACL, and the credentials file.
+"""AWS IoT Core for edge nodes: the per-node policy, derived from the MQTT access table, and the credentials file.
 
-The topic layout is edge's contract (``edge/_topics.py``, ``strata/{fleet}/...``). infra may not import
-edge (ARCHITECTURE's dependency direction), so the few topic strings a policy needs are written once here
-and a test compares them with ``edge._topics.FleetTopics``:
+What a node's clients do on MQTT is one table in the device tier (``device._mqtt_access.MQTT_ACCESS``), the
+same one the edge agent, the device gateway and the devices build their topics and client ids from; the
+policy grants exactly that, with IoT's ``*`` where a topic has a free segment (policy name, chunk index,
+device id):
 
-    node reads   strata/{fleet}/announce, strata/{fleet}/control, strata/{fleet}/policies/*,
-                 strata/{fleet}/nodes/{node}/control
-    node writes  strata/{fleet}/nodes/{node}/status | telemetry | experience   (status is also its last will)
+    iot:Connect        client/{fleet}.{node}, client/{fleet}.{node}.gateway, client/{fleet}.{node}.device.*
+    iot:Subscribe      topicfilter/... of every subscription (the gateway's ``devices/+/request`` included)
+    iot:Receive        topic/... of the same subscriptions
+    iot:Publish        topic/... of every publish and last will
+    iot:RetainPublish  topic/... of the retained ones: the node's status (and its last will), the relayed
+                       device bundle; IoT Core refuses a retained publish without it
+
+Two stages of one account must never share a topic or a client id, so a stage's MQTT fleet is
+``{stage}.{fleet}`` (`iot_fleet`; a stage has no ``.``) and every client id starts with it.
 
 The credentials file (`write_credentials`) is what ``strata edge run`` reads to reach IoT Core over
 mutual TLS: JSON with the endpoint, port, client id, fleet, node, the certificate and private key PEMs,
@@ -19,46 +26,55 @@ import json
 from pathlib import Path
 from typing import Any
 
-from device import write_atomic
+from device import MqttAccess, MqttRole, mqtt_client_id, mqtt_topic, write_atomic
+from device._mqtt_access import MQTT_ACCESS
 
-TOPIC_PREFIX = "strata"
 CREDENTIALS_SCHEMA = 1
 MQTT_TLS_PORT = 8883
 AMAZON_ROOT_CA_URL = "https://www.amazontrust.com/repository/AmazonRootCA1.pem"
-
-NODE_READS = ("announce", "control", "policies/*")
-"""Fleet-level topics (under ``strata/{fleet}/``) every node subscribes to; ``*`` is IoT's policy wildcard."""
-NODE_OWN_READS = ("control",)
-"""Per-node topics (under ``strata/{fleet}/nodes/{node}/``) the node subscribes to."""
-NODE_OWN_WRITES = ("status", "telemetry", "experience")
-"""Per-node topics (under ``strata/{fleet}/nodes/{node}/``) the node publishes to; nothing else."""
+_ROLES: tuple[MqttRole, ...] = ("agent", "gateway", "device")
 
 
-def node_topics(fleet: str, node: str) -> tuple[list[str], list[str]]:
-    """``(topics the node reads, topics the node writes)``, with IoT's ``*`` wildcard where edge has one."""
-    root = f"{TOPIC_PREFIX}/{fleet}"
-    reads = [f"{root}/{t}" for t in NODE_READS] + [f"{root}/nodes/{node}/{t}" for t in NODE_OWN_READS]
-    writes = [f"{root}/nodes/{node}/{t}" for t in NODE_OWN_WRITES]
-    return reads, writes
+def iot_fleet(stage: str, fleet: str) -> str:
+    """The MQTT fleet of `fleet` in `stage` on AWS IoT Core: ``{stage}.{fleet}`` (stages share the account)."""
+    return f"{stage}.{fleet}"
 
 
-def policy_document(*, partition: str, region: str, account: str, fleet: str, node: str,
-                    client_id: str) -> dict[str, Any]:
-    """The IoT policy of one node: connect as itself, read the fleet's policy topics, write only its own."""
+def _topic(fleet: str, node: str, access: MqttAccess) -> str:
+    """The topic of `access` for `node`, with IoT's ``*`` for every segment the node does not fix."""
+    return mqtt_topic(fleet, access.topic, node=node, device="*", policy="*", index="*")
+
+
+def node_grants(fleet: str, node: str) -> dict[str, list[str]]:
+    """IoT action -> the client ids, topic filters or topics (without the ARN head) one node's clients need."""
+    grants: dict[str, list[str]] = {
+        "iot:Connect": [f"client/{mqtt_client_id(role, fleet=fleet, node=node, device='*')}" for role in _ROLES],
+        "iot:Subscribe": [], "iot:Receive": [], "iot:Publish": [], "iot:RetainPublish": []}
+    for access in MQTT_ACCESS:
+        topic = _topic(fleet, node, access)
+        if access.op == "subscribe":
+            grants["iot:Subscribe"].append(f"topicfilter/{topic}")
+            grants["iot:Receive"].append(f"topic/{topic}")
+        else:
+            grants["iot:Publish"].append(f"topic/{topic}")
+            if access.retain or access.will:
+                grants["iot:RetainPublish"].append(f"topic/{topic}")
+    return {action: sorted(set(resources)) for action, resources in grants.items()}
+
+
+_SIDS = {"iot:Connect": "ConnectAsItsClients", "iot:Subscribe": "SubscribeFleetAndOwn",
+         "iot:Receive": "ReceiveFleetAndOwn", "iot:Publish": "PublishOwnOnly",
+         "iot:RetainPublish": "RetainOwnStatusAndRelay"}
+
+
+def policy_document(*, partition: str, region: str, account: str, fleet: str, node: str) -> dict[str, Any]:
+    """The IoT policy of one node (`fleet` is the MQTT fleet, `iot_fleet`): exactly what `node_grants` lists."""
     arn = f"arn:{partition}:iot:{region}:{account}"
-    reads, writes = node_topics(fleet, node)
     return {
         "Version": "2012-10-17",
-        "Statement": [
-            {"Sid": "ConnectAsItself", "Effect": "Allow", "Action": "iot:Connect",
-             "Resource": f"{arn}:client/{client_id}"},
-            {"Sid": "SubscribeFleetAndOwn", "Effect": "Allow", "Action": "iot:Subscribe",
-             "Resource": [f"{arn}:topicfilter/{t}" for t in reads]},
-            {"Sid": "ReceiveFleetAndOwn", "Effect": "Allow", "Action": "iot:Receive",
-             "Resource": [f"{arn}:topic/{t}" for t in reads]},
-            {"Sid": "PublishOwnOnly", "Effect": "Allow", "Action": "iot:Publish",
-             "Resource": [f"{arn}:topic/{t}" for t in writes]},
-        ],
+        "Statement": [{"Sid": _SIDS[action], "Effect": "Allow", "Action": action,
+                       "Resource": [f"{arn}:{r}" for r in resources]}
+                      for action, resources in node_grants(fleet, node).items()],
     }
 
 

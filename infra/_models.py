@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeAlias
 
+from device import mqtt_client_id
 from infra._errors import DeployConfigError
-from infra._iot import policy_document
+from infra._iot import iot_fleet, policy_document
 
 # Lambda's limits (MEASURED.md): what `check_config` enforces before anything is built or called.
 MIN_MEMORY_MB = 128
@@ -88,9 +89,9 @@ class DeployConfig:
 
     # Edge nodes (AWS IoT Core)
     fleet: str = "default"
-    """Fleet name: the MQTT topic root strata/{fleet}/."""
+    """Fleet name; on AWS IoT Core the stage's MQTT topic root is strata/{stage}.{fleet}/."""
     edge_nodes: tuple[str, ...] = ()
-    """Edge node ids; each gets an IoT thing, a certificate and a policy mirroring the Mosquitto ACL."""
+    """Edge node ids; each gets an IoT thing, a certificate and a policy granting what its clients do on MQTT."""
 
     def cache_path(self) -> Path:
         """The dependency cache folder (`cache_dir` or the default)."""
@@ -114,9 +115,11 @@ def check_config(config: DeployConfig) -> DeployConfig:
     if config.architecture not in PLATFORMS:
         raise DeployConfigError(f"DeployConfig.architecture={config.architecture!r} is not one of "
                                 f"{sorted(PLATFORMS)}")
-    if not _FLEET.match(config.fleet):
-        raise DeployConfigError(f"DeployConfig.fleet={config.fleet!r} cannot be an MQTT topic segment: use 1-64 "
-                                "letters, digits, '_', '.' or '-'")
+    longest = 63 - len(config.stage)  # the MQTT fleet on IoT Core is {stage}.{fleet}, one 64-character segment
+    if not _FLEET.match(config.fleet) or len(config.fleet) > longest:
+        raise DeployConfigError(f"DeployConfig.fleet={config.fleet!r} cannot be an MQTT topic segment: use 1-"
+                                f"{longest} letters, digits, '_', '.' or '-' (with the stage, {config.stage}.FLEET "
+                                "is one 64-character segment)")
     for node in config.edge_nodes:
         if not _NODE.match(node):
             raise DeployConfigError(f"DeployConfig.edge_nodes: node id {node!r} cannot name an IoT thing: use "
@@ -182,6 +185,10 @@ class Names:
     def tags(self) -> dict[str, str]:
         """Tags every taggable resource carries."""
         return {"strata:stage": self.stage, "strata:managed-by": "strata"}
+
+
+PENDING_CODE = "(built by apply)"
+"""`Artifact.sha256_b64` in a plan made before the dependency tree was ever built (plan builds nothing)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -290,7 +297,7 @@ class Alias:
 
 @dataclass(frozen=True, kw_only=True)
 class IotPolicy:
-    """An edge node's IoT policy (mirrors the Mosquitto ACL: read the fleet's topics, write only its own)."""
+    """An edge node's IoT policy: exactly the MQTT operations of its agent, gateway and devices (`infra._iot`)."""
 
     kind: ClassVar[str] = "iot_policy"
     name: str
@@ -388,15 +395,16 @@ def desired_resources(config: DeployConfig, *, account: str, region: str,
     resources += functions
     resources += [Alias(name=f"{f.name}:{names.alias}", function=f.name, alias=names.alias,
                         target=f.version_attributes()) for f in functions]
+    fleet = iot_fleet(config.stage, config.fleet)
     for node in config.edge_nodes:
         thing = names.iot(node)
         resources.append(IotPolicy(name=thing, document=policy_document(
-            partition=partition, region=region, account=account, fleet=config.fleet, node=node, client_id=node)))
+            partition=partition, region=region, account=account, fleet=fleet, node=node)))
     for node in config.edge_nodes:
         resources.append(IotThing(name=names.iot(node), node=node,
                                   thing_attributes={"strata_stage": config.stage, "strata_fleet": config.fleet}))
     for node in config.edge_nodes:
         thing = names.iot(node)
-        resources.append(IotCertificate(name=thing, node=node, fleet=config.fleet, thing=thing, policy=thing,
-                                        client_id=node))
+        resources.append(IotCertificate(name=thing, node=node, fleet=fleet, thing=thing, policy=thing,
+                                        client_id=mqtt_client_id("agent", fleet=fleet, node=node)))
     return tuple(resources)

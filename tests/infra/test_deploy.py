@@ -205,25 +205,25 @@ def test_the_execution_role_is_least_privilege(aws_env: MotoServer, make_config:
     assert iam.list_attached_role_policies(RoleName="strata-test-lambda")["AttachedPolicies"] == []
 
 
-def test_each_node_gets_a_thing_a_certificate_and_a_policy_mirroring_the_acl(
+def test_each_node_gets_a_thing_a_certificate_and_a_policy_scoped_to_its_stage(
         aws_env: MotoServer, make_config: MakeConfig, state_dir: Path) -> None:
     from edge._topics import FleetTopics
 
     apply(make_config(), state_dir=state_dir)
     iot = c("iot")
     doc = json.loads(iot.get_policy(policyName="strata-test_node-a")["policyDocument"])
-    by_sid = {s["Sid"]: s for s in doc["Statement"]}
+    by_action = {s["Action"]: s["Resource"] for s in doc["Statement"]}
     arn = "arn:aws:iot:us-east-1:123456789012"
-    topics = FleetTopics("lab")
-    assert by_sid["ConnectAsItself"]["Resource"] == f"{arn}:client/node-a"
-    assert sorted(by_sid["PublishOwnOnly"]["Resource"]) == sorted(
-        f"{arn}:topic/{topics.node('node-a', k)}" for k in ("status", "telemetry", "experience"))
-    readable = by_sid["ReceiveFleetAndOwn"]["Resource"]
+    topics = FleetTopics("test.lab")  # the stage's MQTT fleet: {stage}.{fleet}
+    assert by_action["iot:Connect"] == [f"{arn}:client/test.lab.node-a", f"{arn}:client/test.lab.node-a.device.*",
+                                        f"{arn}:client/test.lab.node-a.gateway"]
+    assert f"{arn}:topic/{topics.node('node-a', 'status')}" in by_action["iot:RetainPublish"]
+    assert f"{arn}:topic/{topics.node('node-a', 'telemetry')}" not in by_action["iot:RetainPublish"]
+    readable = by_action["iot:Receive"]
     for topic in (topics.announce, topics.control, topics.node("node-a", "control")):
         assert f"{arn}:topic/{topic}" in readable
-    assert f"{arn}:topic/{topics.root}/policies/*" in readable
-    assert topics.policy_latest("cartpole").startswith(f"{topics.root}/policies/")
-    assert not any("node-b" in r for r in readable + by_sid["PublishOwnOnly"]["Resource"])
+    assert f"{arn}:topic/{topics.root}/policies/*/latest" in readable
+    assert not any("node-b" in r for rs in by_action.values() for r in rs)
 
     record = StateStore(state_dir, "test").load().get("iot_certificate", "strata-test_node-a")
     assert record is not None
@@ -231,7 +231,7 @@ def test_each_node_gets_a_thing_a_certificate_and_a_policy_mirroring_the_acl(
     creds = json.loads(creds_path.read_text())
     assert stat.S_IMODE(creds_path.stat().st_mode) == 0o600
     assert creds["endpoint"].endswith("-ats.iot.us-east-1.amazonaws.com")  # moto makes up a new one per call
-    assert creds["client_id"] == "node-a" and creds["fleet"] == "lab" and creds["port"] == 8883
+    assert creds["client_id"] == "test.lab.node-a" and creds["fleet"] == "test.lab" and creds["port"] == 8883
     assert "BEGIN RSA PRIVATE KEY" in creds["private_key_pem"] or "PRIVATE KEY" in creds["private_key_pem"]
     assert Path(creds["certificate_file"]).read_text() == creds["certificate_pem"]
     cert_arn = creds["certificate_arn"]
