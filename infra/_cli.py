@@ -43,7 +43,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     plan = cmds.add_parser("plan", help="print what apply would change (read-only)",
                            description="Compare the desired deployment with the recorded state and the live "
-                           "resources and print the diff; drift made outside strata is marked. Changes nothing.")
+                           "resources and print the diff; drift made outside strata is marked. Reads only: it "
+                           "builds no package (apply does) and changes nothing.")
     common(plan, full=True)
     plan.set_defaults(func=_wrapped("plan", _plan))
 
@@ -72,10 +73,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     tmpl = cmds.add_parser("template", help="write the deployment as a CloudFormation template",
                            description="Write the same deployment as a CloudFormation template (JSON); no AWS "
-                           "call. With --package, also build the functions zip to upload as CodeBucket/CodeKey.")
+                           "call. The functions zip is built (or reused from the cache) so each Lambda version in "
+                           "the template carries its CodeSha256; --package also writes the zip to upload as "
+                           "CodeBucket/CodeKey.")
     add_config_arguments(tmpl, DeployConfig)
     tmpl.add_argument("--out", required=True, help="template file to write")
-    tmpl.add_argument("--package", default=None, help="also build the functions zip and write it here")
+    tmpl.add_argument("--package", default=None, help="also write the functions zip here")
     tmpl.set_defaults(func=_template)
 
 
@@ -184,7 +187,8 @@ def _destroy(args: argparse.Namespace) -> int:
         _confirm("destroy", args.stage, args.yes)
     executor = DryRunExecutor(sys.stdout) if args.dry_run else None
     done = destroy(args.stage, state_dir=state_dir, config=config, executor=executor, after_step=_progress)
-    print(f"destroy: deleted {len(done.changes)} resource(s)")
+    verb = "would delete" if args.dry_run else "deleted"
+    print(f"destroy: {verb} {len(done.changes)} resource(s)")
     return 0
 
 
@@ -201,23 +205,25 @@ def _rollback(args: argparse.Namespace) -> int:
 
 
 def _template(args: argparse.Namespace) -> int:
+    import tempfile
+
     from infra._deploy import build_artifacts
     from infra._models import DeployConfig, check_config
     from infra._template import write_template
 
     overrides = _overrides(args)
     config = check_config(DeployConfig(**overrides))
-    out = write_template(config, Path(args.out))
-    print(f"template: wrote {out}")
-    if args.package:
-        import shutil
-        import tempfile
+    # The versions in the template carry the code's CodeSha256, so the package is built (or reused) here.
+    with tempfile.TemporaryDirectory() as tmp:
+        artifact = next(iter(build_artifacts(config, state_dir=Path(tmp)).values()))
+        out = write_template(config, Path(args.out), artifact)
+        print(f"template: wrote {out} (code {artifact.sha256_b64}, CodeKey default {artifact.key})")
+        if args.package:
+            import shutil
 
-        with tempfile.TemporaryDirectory() as tmp:
-            artifact = next(iter(build_artifacts(config, state_dir=Path(tmp)).values()))
             target = Path(args.package)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(artifact.path, target)
-        print(f"template: wrote {target} ({artifact.zipped_bytes / 1e6:.1f} MB zipped, "
-              f"{artifact.unzipped_bytes / 1e6:.1f} MB unzipped); upload it and pass CodeBucket/CodeKey")
+            print(f"template: wrote {target} ({artifact.zipped_bytes / 1e6:.1f} MB zipped, "
+                  f"{artifact.unzipped_bytes / 1e6:.1f} MB unzipped); upload it and pass CodeBucket/CodeKey")
     return 0

@@ -1,7 +1,7 @@
 """The deploy pipeline of one stage, in Chalice's stages: models -> plan -> executor -> state file.
 
-    DeployConfig ──check_config──> build_artifacts (pip for Lambda's platform, cached; reproducible zip;
-         │                                          size guards)
+    DeployConfig ──check_config──> build_artifacts (apply only: pip for Lambda's platform, cached;
+         │                                          reproducible zip; size guards; plan hashes read-only)
          └──> desired_resources (pure frozen models: bucket, role, functions, aliases, IoT per node)
                  └──> plan_apply(desired, recorded state, live AWS)   read-only; frozen `Step` records with
                          │                                            field diffs, drift marked
@@ -27,8 +27,17 @@ from typing import Any
 from infra._errors import StateError
 from infra._executor import AwsExecutor, Executor
 from infra._live import function_version_attributes, reader_for
-from infra._models import FUNCTIONS, Alias, Artifact, DeployConfig, Names, check_config, desired_resources
-from infra._package import build_dependencies, build_package
+from infra._models import (
+    FUNCTIONS,
+    PENDING_CODE,
+    Alias,
+    Artifact,
+    DeployConfig,
+    Names,
+    check_config,
+    desired_resources,
+)
+from infra._package import build_dependencies, build_package, cached_dependencies, package_digest
 from infra._plan import FieldChange, Plan, Step, plan_apply, plan_destroy
 from infra._state import State, StateStore
 from infra.aws import Clients, or_none
@@ -63,17 +72,44 @@ def build_artifacts(config: DeployConfig, *, state_dir: Path) -> dict[str, Artif
     return {spec.name: artifact for spec in FUNCTIONS}  # every handler lives in the same package
 
 
+def planned_artifacts(config: DeployConfig, *, state_dir: Path) -> dict[str, Artifact]:
+    """What `build_artifacts` would make, read-only: no pip, no zip written.
+
+    With the dependency tree cached, the code hash is exact (the last zip, or one made in memory); without
+    it, apply has yet to build it and the code shows as `PENDING_CODE`.
+    """
+    deps = cached_dependencies(config.requirements, cache_dir=config.cache_path(), architecture=config.architecture)
+    if deps is None and not config.requirements:
+        deps = config.cache_path() / "(no requirements)"  # an empty tree: nothing to build, nothing to read
+    out = build_dir(state_dir, config.stage) / f"functions-{config.architecture}.zip"
+    if deps is None:
+        artifact = Artifact(path=out, sha256_b64=PENDING_CODE, sha256_hex="", zipped_bytes=0, unzipped_bytes=0)
+    else:
+        artifact = package_digest(deps, out, source_dir=Path(config.source_dir).expanduser()
+                                  if config.source_dir else None)
+    return {spec.name: artifact for spec in FUNCTIONS}
+
+
 def _clients(config: DeployConfig, aws: Clients | None) -> Clients:
     return aws if aws is not None else Clients(region=config.region)
 
 
-def plan(config: DeployConfig, *, state_dir: Path, aws: Clients | None = None) -> Plan:
-    """The plan `apply` would carry out now (builds the packages; changes nothing in AWS)."""
+def plan(config: DeployConfig, *, state_dir: Path, aws: Clients | None = None,
+         artifacts: dict[str, Artifact] | None = None) -> Plan:
+    """The plan `apply` would carry out now. Read-only: nothing is built, written or changed in AWS.
+
+    Args:
+        config: The desired deployment.
+        state_dir: Folder of the state files.
+        aws: Clients to use.
+        artifacts: Built packages (apply passes them); default: `planned_artifacts`, which builds nothing.
+    """
     check_config(config)
     aws = _clients(config, aws)
     state = StateStore(state_dir, config.stage).load()
-    account = aws.account_id()  # fails fast on missing credentials, before a pip build
-    artifacts = build_artifacts(config, state_dir=state_dir)
+    account = aws.account_id()  # fails fast on missing credentials
+    if artifacts is None:
+        artifacts = planned_artifacts(config, state_dir=state_dir)
     desired = desired_resources(config, account=account, region=aws.region, artifacts=artifacts)
     return plan_apply(desired, state, aws)
 
@@ -112,11 +148,15 @@ def apply(config: DeployConfig, *, state_dir: Path, aws: Clients | None = None, 
     """
     aws = _clients(config, aws)
     store = StateStore(state_dir, config.stage)
-    the_plan = plan(config, state_dir=state_dir, aws=aws)
+    executor = executor or AwsExecutor(aws, state_dir=state_dir, stage=config.stage)
+    check_config(config)
+    aws.account_id()  # fails fast on missing credentials, before a pip build
+    # Building is apply's (plan and a dry run only read): the packages exist before any step needs them.
+    artifacts = None if executor.dry_run else build_artifacts(config, state_dir=state_dir)
+    the_plan = plan(config, state_dir=state_dir, aws=aws, artifacts=artifacts)
     if before is not None:
         before(the_plan)
     state = store.load()
-    executor = executor or AwsExecutor(aws, state_dir=state_dir, stage=config.stage)
     if not executor.dry_run:
         state.region, state.account, state.config = aws.region, aws.account_id(), config_to_dict(config)
         store.save(state)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ import tempfile
 import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from infra._errors import PackageError, PackageTooLargeError
 from infra._models import PLATFORMS, PYTHON_VERSION, SOURCE_PACKAGES, Artifact
@@ -161,14 +163,8 @@ def build_package(deps_dir: Path, out: Path, *, what: str, packages: Sequence[st
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
-            for arcname, path in entries:
-                info = zipfile.ZipInfo(arcname, date_time=_ZIP_EPOCH)
-                mode = 0o755 if os.access(path, os.X_OK) else 0o644
-                info.external_attr = (0o100000 | mode) << 16
-                info.compress_type = zipfile.ZIP_DEFLATED
-                with path.open("rb") as src, zf.open(info, "w") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
+        with tmp.open("wb") as f:
+            _write_zip(entries, f)
         zipped = tmp.stat().st_size
         if zipped > zipped_limit:
             raise PackageTooLargeError(
@@ -188,6 +184,45 @@ def build_package(deps_dir: Path, out: Path, *, what: str, packages: Sequence[st
                                    "sha256_hex": artifact.sha256_hex, "zipped_bytes": zipped,
                                    "unzipped_bytes": unzipped}))
     return artifact
+
+
+def _write_zip(entries: Sequence[tuple[str, Path]], f: BinaryIO) -> None:
+    """The reproducible zip of `entries` into the seekable file `f` (same bytes for a file or a BytesIO)."""
+    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
+        for arcname, path in entries:
+            info = zipfile.ZipInfo(arcname, date_time=_ZIP_EPOCH)
+            mode = 0o755 if os.access(path, os.X_OK) else 0o644
+            info.external_attr = (0o100000 | mode) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            with path.open("rb") as src, zf.open(info, "w") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+
+
+def cached_dependencies(requirements: Sequence[str], *, cache_dir: Path, architecture: str,
+                        python_version: str = PYTHON_VERSION) -> Path | None:
+    """The cached dependency tree of `requirements`, or None when it was never built (read-only)."""
+    final = cache_dir / deps_key(requirements, architecture=architecture, python_version=python_version)
+    return final if (final / _MANIFEST).exists() else None
+
+
+def package_digest(deps_dir: Path, out: Path, *, packages: Sequence[str] = SOURCE_PACKAGES,
+                   source_dir: Path | None = None) -> Artifact:
+    """The `Artifact` `build_package` would make at `out`, without writing anything.
+
+    The zip at `out` is reused when it was built from the same inputs; otherwise the zip is made in memory
+    and hashed (reproducible, so its hash is the one `build_package` will write). ``path`` is `out`, which
+    need not exist: only `apply` writes it.
+    """
+    entries = package_entries(deps_dir, packages, source_dir)
+    reused = _reuse(out, out.with_name(out.name + ".json"), _fingerprint(entries))
+    if reused is not None:
+        return reused
+    buffer = io.BytesIO()
+    _write_zip(entries, buffer)
+    data = buffer.getbuffer()
+    digest = hashlib.sha256(data)
+    return Artifact(path=out, sha256_b64=base64.b64encode(digest.digest()).decode(), sha256_hex=digest.hexdigest(),
+                    zipped_bytes=len(data), unzipped_bytes=sum(path.stat().st_size for _, path in entries))
 
 
 def _fingerprint(entries: Sequence[tuple[str, Path]]) -> str:

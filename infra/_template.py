@@ -9,6 +9,7 @@ A kind with no template writer raises `UnknownResourceKindError`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable
@@ -17,8 +18,10 @@ from typing import Any
 
 from infra._errors import UnknownResourceKindError
 from infra._models import (
+    FUNCTIONS,
     RUNTIME,
     Alias,
+    Artifact,
     Bucket,
     DeployConfig,
     Function,
@@ -91,8 +94,15 @@ def _function(r: Resource, t: dict[str, Any]) -> None:
 def _alias(r: Resource, t: dict[str, Any]) -> None:
     assert isinstance(r, Alias)
     fn = logical_id("Function", r.function)
-    version = logical_id("Version", r.function)
-    t["Resources"][version] = {"Type": "AWS::Lambda::Version", "Properties": {"FunctionName": {"Ref": fn}}}
+    # CloudFormation publishes a version only when a new AWS::Lambda::Version resource appears, so its logical
+    # id carries a hash of everything a version freezes (code and configuration): new code or settings give a
+    # new id, a new version, and the alias moves; the old version resource is deleted on the stack update.
+    frozen = hashlib.sha256(json.dumps(r.target, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    version = logical_id("Version", r.function) + frozen
+    props: dict[str, Any] = {"FunctionName": {"Ref": fn}, "Description": f"strata stage {r.alias}"}
+    if r.target.get("code_sha256"):
+        props["CodeSha256"] = r.target["code_sha256"]  # CloudFormation refuses the version if the code differs
+    t["Resources"][version] = {"Type": "AWS::Lambda::Version", "Properties": props}
     alias = logical_id("Alias", r.function)
     t["Resources"][alias] = {"Type": "AWS::Lambda::Alias", "Properties": {
         "FunctionName": {"Ref": fn}, "FunctionVersion": {"Fn::GetAtt": [version, "Version"]}, "Name": r.alias}}
@@ -148,8 +158,13 @@ def writer_for(kind: str) -> Writer:
                                        f"(known: {sorted(WRITERS)})") from None
 
 
-def template(config: DeployConfig) -> dict[str, Any]:
-    """The CloudFormation template (as a dict) of the deployment `config` describes."""
+def template(config: DeployConfig, artifact: Artifact | None = None) -> dict[str, Any]:
+    """The CloudFormation template (as a dict) of the deployment `config` describes.
+
+    With the built package `artifact` each ``AWS::Lambda::Version`` carries its ``CodeSha256`` and a logical id
+    that changes with the code, and ``CodeKey`` defaults to the zip's content-addressed key; without it the
+    versions change only with the configuration (the CLI always passes it).
+    """
     t: dict[str, Any] = {
         "AWSTemplateFormatVersion": "2010-09-09",
         "Description": f"strata stage {config.stage}: bucket, execution role, functions with a stage alias, "
@@ -163,15 +178,18 @@ def template(config: DeployConfig) -> dict[str, Any]:
         "Resources": {},
         "Outputs": {},
     }
-    for resource in desired_resources(config, account=_ACCOUNT, region=_REGION, artifacts=None):
+    if artifact is not None:
+        t["Parameters"]["CodeKey"]["Default"] = artifact.key
+    artifacts = None if artifact is None else {spec.name: artifact for spec in FUNCTIONS}
+    for resource in desired_resources(config, account=_ACCOUNT, region=_REGION, artifacts=artifacts):
         writer_for(resource.kind)(resource, t)
     return t
 
 
-def write_template(config: DeployConfig, out: Path) -> Path:
-    """Write the template of `config` to `out` as JSON (temp file renamed into place)."""
+def write_template(config: DeployConfig, out: Path, artifact: Artifact | None = None) -> Path:
+    """Write the template of `config` (and `artifact`, see `template`) to `out` as JSON (temp file renamed)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(template(config), indent=2) + "\n")
+    tmp.write_text(json.dumps(template(config, artifact), indent=2) + "\n")
     tmp.replace(out)
     return out

@@ -86,8 +86,17 @@ def test_template_writes_a_cfn_lint_clean_template_and_the_zip(tmp_path: Path, c
     r = run_strata("infra", "template", "--stage", "prod", "--edge-nodes", "n1", "--out", str(out),
                    "--package", str(zipped), "--cache-dir", str(cache_dir), "--source-dir", str(source_snapshot))
     assert r.returncode == 0, r.stderr
-    # The same template test_template.py lints with cfn-lint.
-    assert json.loads(out.read_text()) == template(DeployConfig(stage="prod", edge_nodes=("n1",)))
+    # The same template test_template.py lints with cfn-lint, for the zip that was written (CodeSha256).
+    import base64
+    import hashlib
+
+    from infra._models import Artifact
+
+    data = zipped.read_bytes()
+    digest = hashlib.sha256(data)
+    artifact = Artifact(path=zipped, sha256_b64=base64.b64encode(digest.digest()).decode(),
+                        sha256_hex=digest.hexdigest(), zipped_bytes=len(data), unzipped_bytes=0)
+    assert json.loads(out.read_text()) == template(DeployConfig(stage="prod", edge_nodes=("n1",)), artifact)
     with zipfile.ZipFile(zipped) as zf:
         assert "functions/_handlers.py" in zf.namelist()
 

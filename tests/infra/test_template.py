@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from infra._models import DeployConfig, desired_resources
+from infra._models import Artifact, DeployConfig, desired_resources
 from infra._template import logical_id, template, write_template
 
 CFN_LINT = str(Path(sys.executable).with_name("cfn-lint"))
@@ -17,10 +20,20 @@ def lint(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([CFN_LINT, str(path)], capture_output=True, text=True, timeout=120)
 
 
+def artifact(code: bytes) -> Artifact:
+    digest = hashlib.sha256(code)
+    return Artifact(path=Path("functions.zip"), sha256_b64=base64.b64encode(digest.digest()).decode(),
+                    sha256_hex=digest.hexdigest(), zipped_bytes=len(code), unzipped_bytes=len(code))
+
+
+def versions(t: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {k: r["Properties"] for k, r in t["Resources"].items() if r["Type"] == "AWS::Lambda::Version"}
+
+
 def test_the_template_passes_cfn_lint_and_a_broken_one_does_not(tmp_path: Path) -> None:
     config = DeployConfig(stage="prod", edge_nodes=("node-a", "node-b"), reserved_concurrency=10,
                           trusted_public_key="-----BEGIN PUBLIC KEY-----\nabc\n-----END PUBLIC KEY-----\n")
-    out = write_template(config, tmp_path / "stack.json")
+    out = write_template(config, tmp_path / "stack.json", artifact(b"code"))
     result = lint(out)
     assert result.returncode == 0, result.stdout + result.stderr
     # The check has teeth: a timeout over Lambda's 900 s is caught.
@@ -47,3 +60,18 @@ def test_the_template_holds_the_same_resources_as_the_plan() -> None:
         "Fn::Sub": "strata-prod-${AWS::AccountId}-${AWS::Region}"}
     role = t["Resources"]["ExecutionRole"]["Properties"]["Policies"][0]["PolicyDocument"]
     assert "arn:${AWS::Partition}:s3:::strata-prod-${AWS::AccountId}-${AWS::Region}/*" in json.dumps(role)
+
+
+def test_a_version_changes_its_logical_id_when_the_code_or_the_configuration_changes() -> None:
+    config = DeployConfig(stage="prod")
+    one = versions(template(config, artifact(b"code v1")))
+    assert len(one) == 2 and all(p["CodeSha256"] == artifact(b"code v1").sha256_b64 for p in one.values())
+    same = versions(template(config, artifact(b"code v1")))
+    new_code = versions(template(config, artifact(b"code v2")))
+    new_memory = versions(template(DeployConfig(stage="prod", memory_mb=2048), artifact(b"code v1")))
+    assert same == one  # an unchanged deployment publishes nothing
+    assert not set(new_code) & set(one) and not set(new_memory) & set(one) and not set(new_code) & set(new_memory)
+    t = template(config, artifact(b"code v2"))
+    alias = t["Resources"][logical_id("Alias", "strata-prod-rollout")]["Properties"]
+    assert alias["FunctionVersion"]["Fn::GetAtt"][0] in new_code  # the alias follows the new version
+    assert t["Parameters"]["CodeKey"]["Default"] == artifact(b"code v2").key
