@@ -74,9 +74,15 @@ def _serve_functions(args: argparse.Namespace) -> int:
                          service_error_rate=args.service_error_rate)
     config = RuntimeConfig(host=args.host, port=args.port, enforce_memory=not args.no_memory_limit,
                            account_concurrency=args.account_concurrency, idle_timeout_s=args.idle_timeout)
-    runtime = LocalRuntime(source, config=config, faults=faults)
-    runtime.start()
-    signal.signal(signal.SIGTERM, lambda signum, frame: runtime.request_stop())
-    print(json.dumps({"event": "serving", "url": runtime.url, "functions": source.names()}), flush=True)
-    runtime.serve_forever()
+    try:
+        names = source.names()  # a dead endpoint fails here, as one error line
+        runtime = LocalRuntime(source, config=config, faults=faults)
+        runtime.start()
+        signal.signal(signal.SIGTERM, lambda signum, frame: runtime.request_stop())
+        print(json.dumps({"event": "serving", "url": runtime.url, "functions": names}), flush=True)
+        runtime.serve_forever()
+    finally:
+        close = getattr(source, "close", None)  # a deployment read back unpacked its code into a temp folder
+        if close is not None:
+            close()
     return 0

@@ -4,17 +4,22 @@ Unmodified boto3 drives it (``endpoint_url=...`` or ``AWS_ENDPOINT_URL_LAMBDA``)
 invokes AWS Lambda invokes this. One request's life:
 
     POST /2015-03-31/functions/{name}/invocations
-      -> resolve name[:qualifier] (FunctionSource)         404 ResourceNotFoundException
-      -> payload limits (6 MB sync, 1 MB async)            413 RequestTooLargeException
+      -> resolve name[:qualifier] (FunctionSource)         404 ResourceNotFoundException; a Qualifier that
+                                                           disagrees with the name's: 400
+      -> payload limits (6 MB sync, 1 MB async)            413 RequestEntityTooLargeException (what AWS sends)
       -> fault: throttle / service error                    429 TooManyRequestsException / 500 ServiceException
       -> DryRun: 204 | Event: queue, 202 | RequestResponse:
-      -> take an idle warm worker, or start one (cold)     429 when the function's concurrency is used up
+      -> take an idle warm worker of that version, or      429 when the function's concurrency is used up
+         start one (cold)
       -> deliver through the worker's Runtime API shim     (GET /2018-06-01/runtime/invocation/next)
       -> wait for /response or /error, or the timeout      timeout or exit: kill worker, Unhandled error
       -> 200 + X-Amz-Executed-Version [+ X-Amz-Function-Error] [+ X-Amz-Log-Result for LogType Tail]
 
 Workers are ``python -m functions._worker HANDLER`` processes running the official `awslambdaric`
-runtime interface client, so handlers get real ``context`` objects and Lambda's error shapes. A
+runtime interface client, so handlers get real ``context`` objects and Lambda's error shapes. As in Lambda,
+a worker runs one version of one function: ``context.function_version`` is the version an alias or number
+resolved to, ``context.invoked_function_arn`` the ARN as invoked (alias ARN for an alias).
+The read operations (GetFunction, ListFunctions, GetAlias, ...) are `functions._lambda_api`'s. A
 worker's state machine: STARTING -> IDLE <-> BUSY -> DEAD (killed on timeout, crash or shutdown);
 workers stay warm until idle for `RuntimeConfig.idle_timeout_s` or the runtime stops. Memory is
 enforced as an address-space limit (RLIMIT_AS = memory_mb + `RuntimeConfig.address_space_slack_mb`,
@@ -53,16 +58,23 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import parse_qs, unquote, urlparse
+from urllib.parse import parse_qs, urlparse
 
 from functions._errors import RuntimeConfigError
+from functions._lambda_api import (
+    FUNCTIONS_PATH,
+    ApiError,
+    function_arn,
+    handle_get,
+    not_found,
+    split_qualifier,
+)
 from functions._lifetime import PARENT_ENV
 
 SYNC_PAYLOAD_LIMIT = 6 * 1024 * 1024
 ASYNC_PAYLOAD_LIMIT = 1024 * 1024
 LOG_TAIL_BYTES = 4096
 INIT_TIMEOUT_S = 10.0
-ACCOUNT_ID = "000000000000"
 _INVOKE_PREFIX = "/2015-03-31/functions/"
 _RUNTIME_PREFIX = "/2018-06-01/runtime/"
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -92,6 +104,10 @@ class FunctionSpec:
     """Alias name -> version."""
     code_dir: str | None = None
     """Directory prepended to the workers' PYTHONPATH (an unpacked deployment package); None: the source tree."""
+    code_sha256: str = ""
+    """``CodeSha256`` the read operations report (a deployment's); empty: a stand-in hash of handler and code."""
+    code_size: int = 0
+    """``CodeSize`` in bytes the read operations report."""
 
     def __post_init__(self) -> None:
         if not 0 < self.timeout_s <= 900:
@@ -171,11 +187,15 @@ class FunctionSource(Protocol):
     """Where the runtime's functions come from (the source tree now; an AWS deployment via the infra tier)."""
 
     def get(self, name: str) -> FunctionSpec | None:
-        """The function called `name`, or None."""
+        """The function called `name` at ``$LATEST`` (with its versions and aliases), or None."""
         ...
 
     def names(self) -> list[str]:
         """Every function name served."""
+        ...
+
+    def version_spec(self, name: str, version: str) -> FunctionSpec | None:
+        """The function `name` as published at `version` (a number; its own code and settings), or None."""
         ...
 
 
@@ -194,6 +214,11 @@ class SourceTreeFunctions:
     def names(self) -> list[str]:
         """Every function name served."""
         return sorted(self._specs)
+
+    def version_spec(self, name: str, version: str) -> FunctionSpec | None:
+        """`name` at `version`: every listed version runs the source tree's code."""
+        spec = self._specs.get(name)
+        return spec if spec is not None and version in spec.versions else None
 
 
 EndpointSourceFactory = Callable[[str, str], FunctionSource]
@@ -274,9 +299,12 @@ class _Outcome:
 class _Invocation:
     """One delivery of an event to a worker."""
 
-    def __init__(self, spec: FunctionSpec, version: str, payload: bytes, client_context: str | None) -> None:
+    def __init__(self, spec: FunctionSpec, version: str, payload: bytes, client_context: str | None,
+                 qualifier: str | None = None) -> None:
         self.spec = spec
         self.version = version
+        self.qualifier = qualifier
+        """The qualifier as invoked (an alias, a version or None): the invoked function ARN carries it."""
         self.payload = payload
         self.client_context = client_context
         self.request_id = str(uuid.uuid4())
@@ -313,8 +341,10 @@ class WorkerState(enum.Enum):
 class _Worker:
     """One awslambdaric process and the Runtime API shim it polls."""
 
-    def __init__(self, spec: FunctionSpec, runtime: LocalRuntime) -> None:
+    def __init__(self, spec: FunctionSpec, runtime: LocalRuntime, version: str = "$LATEST") -> None:
         self.spec = spec
+        self.version = version
+        self.key = _pool_key(spec, version)
         self.state = WorkerState.STARTING
         self.invocations = 0
         self.last_used = time.monotonic()
@@ -353,7 +383,7 @@ class _Worker:
         env = {**os.environ, **spec.environment}
         env.update({
             "AWS_LAMBDA_RUNTIME_API": f"127.0.0.1:{self._shim.server_address[1]}",
-            "AWS_LAMBDA_FUNCTION_NAME": spec.name, "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
+            "AWS_LAMBDA_FUNCTION_NAME": spec.name, "AWS_LAMBDA_FUNCTION_VERSION": self.version,
             "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(spec.memory_mb),
             "AWS_LAMBDA_LOG_GROUP_NAME": f"/aws/lambda/{spec.name}",
             "AWS_LAMBDA_LOG_STREAM_NAME": f"local/{uuid.uuid4().hex}",
@@ -427,10 +457,10 @@ class _Worker:
         """Answer a GET /next with `inv` (Lambda's Runtime API headers)."""
         inv.delivered_at = time.monotonic()
         deadline_ms = int((time.time() + inv.spec.timeout_s) * 1000)
-        arn = f"arn:aws:lambda:{self._runtime.config.region}:{ACCOUNT_ID}:function:{inv.spec.name}"
+        arn = function_arn(self._runtime.config.region, inv.spec.name, inv.qualifier)
         headers = {"Lambda-Runtime-Aws-Request-Id": inv.request_id,
                    "Lambda-Runtime-Deadline-Ms": str(deadline_ms),
-                   "Lambda-Runtime-Invoked-Function-Arn": arn if inv.version == "$LATEST" else f"{arn}:{inv.version}",
+                   "Lambda-Runtime-Invoked-Function-Arn": arn,
                    "Lambda-Runtime-Trace-Id": f"Root=1-{int(time.time()):08x}-{uuid.uuid4().hex[:24]}",
                    "Content-Type": "application/json"}
         if inv.client_context:
@@ -595,11 +625,12 @@ class _Throttled(Exception):
         self.reason = reason
 
 
-class _ApiError(Exception):
-    def __init__(self, status: int, error_type: str, body: Mapping[str, Any],
-                 headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(error_type)
-        self.status, self.error_type, self.body, self.headers = status, error_type, body, dict(headers or {})
+_ApiError = ApiError
+
+
+def _pool_key(spec: FunctionSpec, version: str) -> tuple[str, str, str]:
+    """Workers are pooled per function, version and code: a worker never runs another version's code."""
+    return spec.name, version, f"{spec.code_dir}\0{spec.code_sha256}\0{spec.handler}"
 
 
 class LocalRuntime:
@@ -619,7 +650,7 @@ class LocalRuntime:
         self.stats: dict[str, FunctionStats] = collections.defaultdict(FunctionStats)
         self._rng = random.Random(self.faults.seed)
         self._lock = threading.Condition()
-        self._workers: dict[str, list[_Worker]] = collections.defaultdict(list)
+        self._workers: dict[tuple[str, str, str], list[_Worker]] = collections.defaultdict(list)
         self._busy = 0
         self._async: dict[str, queue.Queue[tuple[_Invocation, int] | None]] = {}
         self._server: ThreadingHTTPServer | None = None
@@ -666,18 +697,22 @@ class LocalRuntime:
     def warm_workers(self, name: str) -> int:
         """Live worker processes of function `name`."""
         with self._lock:
-            return sum(1 for w in self._workers[name] if w.state is not WorkerState.DEAD)
+            return sum(1 for key, ws in self._workers.items() if key[0] == name
+                       for w in ws if w.state is not WorkerState.DEAD)
 
     # -- pool --
-    def _acquire(self, spec: FunctionSpec, *, wait: bool) -> tuple[_Worker, bool]:
-        """An idle worker (or a new one, cold) for `spec`, and whether it is cold.
+    def _acquire(self, spec: FunctionSpec, version: str = "$LATEST", *, wait: bool) -> tuple[_Worker, bool]:
+        """An idle worker (or a new one, cold) for `spec` at `version`, and whether it is cold.
+
+        The function's reserved concurrency counts the workers of all its versions; an idle worker of another
+        version (or of replaced code) gives its place up when this version needs one.
 
         Raises:
             _Throttled: at a concurrency cap and not waiting (the reason is Lambda's ThrottleReason).
         """
         with self._lock:
             while not self._closed:
-                workers = self._workers[spec.name]
+                workers = self._workers[_pool_key(spec, version)]
                 self._reap_idle(workers)
                 if self._busy >= self.config.account_concurrency:
                     reason = "ConcurrentInvocationLimitExceeded"
@@ -687,9 +722,15 @@ class LocalRuntime:
                             w.state = WorkerState.BUSY
                             self._busy += 1
                             return w, False
-                    live = sum(1 for w in workers if w.state is not WorkerState.DEAD)
+                    others = [w for key, ws in self._workers.items() if key[0] == spec.name and ws is not workers
+                              for w in ws if w.state is not WorkerState.DEAD]
+                    live = sum(1 for w in workers if w.state is not WorkerState.DEAD) + len(others)
+                    idle_other = next((w for w in others if w.state is WorkerState.IDLE), None)
+                    if live >= spec.reserved_concurrency and idle_other is not None:
+                        idle_other.kill()
+                        live -= 1
                     if live < spec.reserved_concurrency:
-                        worker = _Worker(spec, self)
+                        worker = _Worker(spec, self, version)
                         worker.state = WorkerState.BUSY
                         workers.append(worker)
                         self._busy += 1
@@ -717,22 +758,22 @@ class LocalRuntime:
     def worker_died(self, worker: _Worker) -> None:
         """Drop a dead worker from its pool (called by the worker's watcher thread)."""
         with self._lock:
-            workers = self._workers[worker.spec.name]
+            workers = self._workers[worker.key]
             if worker in workers:
                 workers.remove(worker)
             self._lock.notify_all()
 
     # -- invoking --
     def run(self, spec: FunctionSpec, version: str, payload: bytes, *, client_context: str | None = None,
-            wait_for_worker: bool = False) -> tuple[_Outcome, _Invocation, bytes]:
+            wait_for_worker: bool = False, qualifier: str | None = None) -> tuple[_Outcome, _Invocation, bytes]:
         """Run one invocation to its outcome.
 
         Raises:
             _Throttled: no worker is free and `wait_for_worker` is False.
         """
-        worker, cold = self._acquire(spec, wait=wait_for_worker)
+        worker, cold = self._acquire(spec, version, wait=wait_for_worker)
         self._count(spec.name, "invocations")
-        inv = _Invocation(spec, version, payload, client_context)
+        inv = _Invocation(spec, version, payload, client_context, qualifier)
         mark = worker.log_mark()
         started = time.monotonic()
         worker.deliver(inv)
@@ -776,7 +817,8 @@ class LocalRuntime:
         with self._lock:
             return rate > 0 and self._rng.random() < rate
 
-    def enqueue_async(self, spec: FunctionSpec, version: str, payload: bytes, client_context: str | None) -> None:
+    def enqueue_async(self, spec: FunctionSpec, version: str, payload: bytes, client_context: str | None,
+                      qualifier: str | None = None) -> None:
         """Queue an Event invocation (and, by `FaultConfig.duplicate_rate`, a duplicate of it)."""
         with self._lock:
             q = self._async.get(spec.name)
@@ -788,7 +830,7 @@ class LocalRuntime:
         copies = 2 if self._roll(self.faults.duplicate_rate) else 1
         self._count(spec.name, "duplicates_injected", copies - 1)
         for _ in range(copies):
-            q.put((_Invocation(spec, version, payload, client_context), 0))
+            q.put((_Invocation(spec, version, payload, client_context, qualifier), 0))
 
     def _dispatch(self, name: str, q: queue.Queue[tuple[_Invocation, int] | None]) -> None:
         while not self._closed:
@@ -798,7 +840,8 @@ class LocalRuntime:
             template, attempt = item
             try:
                 outcome = self.run(template.spec, template.version, template.payload,
-                                   client_context=template.client_context, wait_for_worker=True)[0]
+                                   client_context=template.client_context, wait_for_worker=True,
+                                   qualifier=template.qualifier)[0]
             except _Throttled:
                 return  # the runtime is shutting down
             self._count(name, "async_deliveries")
@@ -822,22 +865,22 @@ class LocalRuntime:
     def handle_invoke(self, function: str, query: Mapping[str, list[str]], headers: Mapping[str, str],
                       payload: bytes) -> tuple[int, bytes, dict[str, str]]:
         """Answer one Invoke request: ``(status, body, headers)`` (raises `_ApiError` for AWS error shapes)."""
-        name, qualifier = _split_function_name(function)
-        qualifier = query.get("Qualifier", [qualifier])[0] or qualifier
-        spec = self.functions.get(name)
-        version = spec.resolve(qualifier) if spec is not None else None
-        arn = f"arn:aws:lambda:{self.config.region}:{ACCOUNT_ID}:function:{name}"
+        name, qualifier = split_qualifier(function, query)
+        latest = self.functions.get(name)
+        version = latest.resolve(qualifier) if latest is not None else None
+        spec = latest if version == "$LATEST" else (
+            self.functions.version_spec(name, version) if version is not None else None)
         if spec is None or version is None:
-            target = f"{arn}:{qualifier}" if qualifier else arn
-            raise _ApiError(404, "ResourceNotFoundException",
-                            {"Type": "User", "Message": f"Function not found: {target}"})
+            raise not_found(self.config.region, name, qualifier)
         invocation_type = headers.get("x-amz-invocation-type", "RequestResponse")
         if invocation_type not in ("RequestResponse", "Event", "DryRun"):
             raise _ApiError(400, "InvalidParameterValueException",
                             {"Type": "User", "message": f"Unsupported invocation type {invocation_type}"})
         limit = ASYNC_PAYLOAD_LIMIT if invocation_type == "Event" else SYNC_PAYLOAD_LIMIT
         if len(payload) > limit:
-            raise _ApiError(413, "RequestTooLargeException", {
+            # AWS answers an oversized Invoke with this code (not the modelled RequestTooLargeException), so
+            # callers must catch it by code or by the 413 status; infra.aws.LambdaInvoker does both.
+            raise _ApiError(413, "RequestEntityTooLargeException", {
                 "Type": "User", "message": f"Request must be smaller than {limit} bytes for the InvokeFunction "
                                            "operation"})
         if payload:
@@ -861,10 +904,10 @@ class LocalRuntime:
         if invocation_type == "DryRun":
             return 204, b"", {}
         if invocation_type == "Event":
-            self.enqueue_async(spec, version, payload, client_context)
+            self.enqueue_async(spec, version, payload, client_context, qualifier)
             return 202, b"", {}
         try:
-            outcome, _, logs = self.run(spec, version, payload, client_context=client_context)
+            outcome, _, logs = self.run(spec, version, payload, client_context=client_context, qualifier=qualifier)
         except _Throttled as exc:
             self._count(name, "throttles")
             raise _ApiError(429, "TooManyRequestsException", {
@@ -880,14 +923,6 @@ class LocalRuntime:
         if headers.get("x-amz-log-type") == "Tail":
             out["X-Amz-Log-Result"] = base64.b64encode(logs[-LOG_TAIL_BYTES:]).decode("ascii")
         return 200, body, out
-
-
-def _split_function_name(text: str) -> tuple[str, str | None]:
-    """``name``, ``name:qualifier`` or an ARN (full or partial) -> ``(name, qualifier)``."""
-    parts = unquote(text).split(":")
-    if "function" in parts:
-        parts = parts[parts.index("function") + 1:]
-    return parts[0], (parts[1] if len(parts) > 1 else None)
 
 
 def _make_api_handler(runtime: LocalRuntime) -> type[BaseHTTPRequestHandler]:
@@ -910,6 +945,20 @@ def _make_api_handler(runtime: LocalRuntime) -> type[BaseHTTPRequestHandler]:
             if self.path == "/health":
                 _write_response(self, 200, json.dumps({"functions": runtime.functions.names()}).encode(),
                                 {"Content-Type": "application/json"})
+                return
+            url = urlparse(self.path)
+            if url.path.startswith(FUNCTIONS_PATH):
+                try:
+                    body = handle_get(runtime.functions, runtime.config.region, url.path, parse_qs(url.query))
+                except _ApiError as exc:
+                    self._error(exc)
+                    return
+                except Exception as exc:  # a source that cannot be read (an endpoint gone away): Lambda's 500
+                    self._error(_ApiError(500, "ServiceException", {
+                        "Type": "Service", "Message": f"local runtime failed: {type(exc).__name__}: {exc}"}))
+                    return
+                _write_response(self, 200, json.dumps(body).encode(), {
+                    "Content-Type": "application/json", "x-amzn-RequestId": str(uuid.uuid4())})
                 return
             self._error(_ApiError(404, "UnknownOperationException", {"Type": "User", "message": "Unknown operation"}))
 

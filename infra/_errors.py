@@ -3,7 +3,7 @@
     StrataError (device)
      └── InfraError                  an AWS call failed in a way the caller can act on
           ├── FunctionNotFoundError   Lambda answered ResourceNotFoundException (no such function/qualifier)
-          ├── PayloadTooLargeError    Lambda answered RequestTooLargeException (6 MB sync / 1 MB async)
+          ├── PayloadTooLargeError    Lambda answered 413 RequestEntityTooLarge (6 MB sync / 1 MB async)
           ├── ThrottledError          Lambda kept answering 429 after strata's own backoff gave up
           ├── DeployConfigError       a deployment setting AWS would refuse (also ConfigError / ValueError)
           ├── PackageError            building a function package failed (pip, sources)

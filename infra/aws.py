@@ -10,7 +10,7 @@ here reads them; an explicit ``endpoint_url`` wins over both.
 
     invoke(name, payload) ─> one HTTP request (SDK retries off) ─> 2xx: typed `InvokeResult`
                                    │ 429 / 5xx / connect failure: strata's own backoff, then again
-                                   └ ResourceNotFound / RequestTooLarge / other 4xx: typed `InfraError`
+                                   └ ResourceNotFound / RequestEntityTooLarge (413) / other 4xx: typed `InfraError`
 
 The SDK's own retries are off for Invoke because boto3's defaults replay a slow invocation up to 5
 times (legacy mode) and each replay runs the function again; strata retries only errors where the
@@ -210,7 +210,8 @@ class LambdaInvoker:
                 if code == "ResourceNotFoundException":
                     raise FunctionNotFoundError(f"{where}: no such function ({message}); deploy it or check "
                                                 "the name, qualifier and endpoint") from exc
-                if code == "RequestTooLargeException" or status == 413:
+                # AWS sends RequestEntityTooLargeException; botocore's model names RequestTooLargeException.
+                if code in ("RequestEntityTooLargeException", "RequestTooLargeException") or status == 413:
                     raise PayloadTooLargeError(f"{where}: payload of {len(payload)} bytes is over the "
                                                f"{invocation_type} limit ({message}); pass large inputs "
                                                "by S3 reference") from exc
@@ -260,6 +261,7 @@ NOT_FOUND_CODES = frozenset({
     "NoSuchEntity",  # IAM
     "NoSuchBucket", "404", "NotFound", "NoSuchKey",  # S3 (HEAD answers a bare 404)
     "NoSuchTagSet", "NoSuchPublicAccessBlockConfiguration",  # S3 sub-resources that were never set
+    "NoSuchBucketPolicy", "ServerSideEncryptionConfigurationNotFoundError",
 })
 
 
@@ -338,6 +340,10 @@ class Clients:
         if self._account is None:
             self._account = str(self.get("sts").get_caller_identity()["Account"])
         return self._account
+
+    def s3_over_tls(self) -> bool:
+        """Whether S3 is reached over HTTPS (always on AWS; plain HTTP for a local emulator such as moto)."""
+        return str(self.get("s3").meta.endpoint_url).startswith("https://")
 
 __all__ = ["LAMBDA_MAX_TIMEOUT_S", "NOT_FOUND_CODES", "Clients", "InvokeResult", "LambdaInvoker", "client",
            "error_code", "is_not_found", "or_none", "retry_while"]

@@ -114,13 +114,19 @@ def test_handler_exception_is_an_unhandled_function_error(client: Any) -> None:
     assert "about to fail" in base64.b64decode(r["LogResult"]).decode()
 
 
-def test_payload_limits_are_413(client: Any) -> None:
+def test_payload_limits_are_413_with_the_code_aws_sends(client: Any) -> None:
+    # AWS answers RequestEntityTooLargeException (not the modelled RequestTooLargeException): a plain ClientError.
+    from botocore.exceptions import ClientError
+
     big = json.dumps({"x": "a" * (6 * 1024 * 1024)}).encode()
-    with pytest.raises(client.exceptions.RequestTooLargeException,
-                       match=re.escape("Request must be smaller than 6291456 bytes for the InvokeFunction")):
+    with pytest.raises(ClientError, match=re.escape("Request must be smaller than 6291456 bytes for the "
+                                                    "InvokeFunction")) as info:
         client.invoke(FunctionName="echo", Payload=big)
-    with pytest.raises(client.exceptions.RequestTooLargeException, match=re.escape("smaller than 1048576 bytes")):
+    assert info.value.response["Error"]["Code"] == "RequestEntityTooLargeException"
+    assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 413
+    with pytest.raises(ClientError, match=re.escape("smaller than 1048576 bytes")) as info:
         client.invoke(FunctionName="echo", InvocationType="Event", Payload=json.dumps({"x": "a" * 1100_000}).encode())
+    assert info.value.response["Error"]["Code"] == "RequestEntityTooLargeException"
 
 
 def test_response_over_6mb_is_a_function_error(client: Any) -> None:

@@ -13,7 +13,7 @@ def echo(event: Any, context: Any) -> Any:
     print(f"echo handler saw {event!r}")
     return {"event": event, "request_id": context.aws_request_id, "function": context.function_name,
             "memory": context.memory_limit_in_mb, "remaining_ms": context.get_remaining_time_in_millis(),
-            "pid": os.getpid(), "arn": context.invoked_function_arn,
+            "pid": os.getpid(), "arn": context.invoked_function_arn, "version": context.function_version,
             "client_context": getattr(context.client_context, "custom", None)}
 
 
