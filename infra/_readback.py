@@ -4,17 +4,22 @@
                                              └> Code.Location ─> download ─> sha256 == CodeSha256? ─> unzip
 
 `DeployedFunctions` is the functions tier's `FunctionSource` seam for ``strata functions serve
---from-endpoint URL --stage S``: the local runtime then runs exactly the zip that was deployed, at the
-version the stage alias points to. `register` plugs it into the runtime (called by the infra CLI).
+--from-endpoint URL --stage S``: the local runtime then runs exactly the zips that were deployed, every
+published version with its own code, ``$LATEST`` with the newest, and it follows rollbacks and applies
+without a restart. `register` plugs it into the runtime (called by the infra CLI).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import io
+import json
 import os
+import shutil
 import tempfile
+import threading
 import urllib.parse
 import urllib.request
 import zipfile
@@ -88,16 +93,33 @@ def _unzip(data: bytes, target: Path) -> None:
         zf.extractall(target)
 
 
+def _client_error(what: str, exc: Exception, endpoint_url: str | None) -> InfraError:
+    where = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_LAMBDA") or os.environ.get("AWS_ENDPOINT_URL") or "AWS"
+    return InfraError(f"{what}: cannot read the deployment from {where} ({type(exc).__name__}: {exc}); check "
+                      "--from-endpoint and that the endpoint is running")
+
+
 def read_back(name: str, *, qualifier: str | None = None, endpoint_url: str | None = None,
               region: str | None = None, work_dir: Path | None = None) -> DeployedCode:
-    """Fetch function `name` (at `qualifier`, e.g. the stage alias) and unpack its verified zip.
+    """Fetch function `name` (at `qualifier`: the stage alias, a version, None for ``$LATEST``), unpack its zip.
+
+    The zip is downloaded once per ``CodeSha256``: a folder already unpacked for that hash is reused.
 
     Raises:
-        FunctionNotFoundError-like `InfraError`: no such function or qualifier.
-        InfraError: the downloaded zip does not match CodeSha256.
+        InfraError: no such function or qualifier, the endpoint cannot be reached, or the downloaded zip does
+            not match CodeSha256.
     """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return _read_back(name, qualifier=qualifier, endpoint_url=endpoint_url, region=region, work_dir=work_dir)
+    except (BotoCoreError, ClientError) as exc:
+        raise _client_error(f"read_back({name!r}, qualifier={qualifier!r})", exc, endpoint_url) from exc
+
+
+def _read_back(name: str, *, qualifier: str | None, endpoint_url: str | None, region: str | None,
+               work_dir: Path | None) -> DeployedCode:
     lam = client("lambda", region=region, endpoint_url=endpoint_url)
-    s3 = client("s3", region=region, endpoint_url=endpoint_url)
     kwargs: dict[str, Any] = {"FunctionName": name}
     if qualifier:
         kwargs["Qualifier"] = qualifier
@@ -106,33 +128,58 @@ def read_back(name: str, *, qualifier: str | None = None, endpoint_url: str | No
         raise InfraError(f"read_back({name!r}, qualifier={qualifier!r}): no such function at the endpoint; "
                          "deploy it with `strata infra apply` or check --stage")
     configuration = got["Configuration"]
-    data = _download(got["Code"]["Location"], lambda_endpoint=_endpoint_configured(endpoint_url), s3=s3,
-                     configuration=configuration)
-    sha = base64.b64encode(hashlib.sha256(data).digest()).decode()
-    if sha != configuration.get("CodeSha256"):
-        raise InfraError(f"read_back({name!r}): the downloaded zip has sha256 {sha}, but Lambda deployed "
-                         f"{configuration.get('CodeSha256')}; refusing to run it")
+    expected = str(configuration.get("CodeSha256", ""))
     base = work_dir or Path(tempfile.mkdtemp(prefix="strata-deployed-"))
     base.mkdir(parents=True, exist_ok=True)
-    code_dir = base / f"{name}-{base64.b64decode(sha).hex()[:16]}"
+    code_dir = base / f"{name}-{base64.b64decode(expected).hex()[:16]}"
     if not code_dir.exists():
+        s3 = client("s3", region=region, endpoint_url=endpoint_url)
+        data = _download(got["Code"]["Location"], lambda_endpoint=_endpoint_configured(endpoint_url), s3=s3,
+                         configuration=configuration)
+        sha = base64.b64encode(hashlib.sha256(data).digest()).decode()
+        if sha != expected:
+            raise InfraError(f"read_back({name!r}): the downloaded zip has sha256 {sha}, but Lambda deployed "
+                             f"{expected}; refusing to run it")
         tmp = Path(tempfile.mkdtemp(dir=base, prefix=".unzip-"))
-        _unzip(data, tmp)
-        os.replace(tmp, code_dir)
+        try:
+            _unzip(data, tmp)
+            os.replace(tmp, code_dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     aliases = {a["Name"]: str(a["FunctionVersion"]) for a in lam.list_aliases(FunctionName=name).get("Aliases", [])}
     reserved = got.get("Concurrency", {}).get("ReservedConcurrentExecutions")
     return DeployedCode(name=name, version=str(configuration.get("Version", "$LATEST")),
                         configuration=configuration, aliases=aliases, code_dir=code_dir, reserved_concurrency=reserved)
 
 
+def _spec(code: DeployedCode, *, aliases: dict[str, str], versions: tuple[str, ...]) -> FunctionSpec:
+    """The local runtime's ``FunctionSpec`` of one deployed version."""
+    from functions._runtime import FunctionSpec
+
+    config = code.configuration
+    return FunctionSpec(
+        name=code.name, handler=config["Handler"], timeout_s=float(config.get("Timeout", 3)),
+        memory_mb=int(config.get("MemorySize", 128)),
+        reserved_concurrency=max(1, min(code.reserved_concurrency or _LOCAL_WORKERS, _LOCAL_WORKERS)),
+        environment=dict(config.get("Environment", {}).get("Variables", {})), versions=versions,
+        aliases=aliases, code_dir=str(code.code_dir), code_sha256=str(config.get("CodeSha256", "")),
+        code_size=int(config.get("CodeSize", 0)))
+
+
 class DeployedFunctions:
-    """A `functions` `FunctionSource` serving the functions of one deployed stage, as deployed.
+    """A `functions` `FunctionSource` serving the functions of one deployed stage, as deployed, as they change.
+
+    Every published version is served with its own code and settings (versions are immutable, so each is
+    read once); ``$LATEST`` is the newest code; aliases (the stage alias included) are read on every request,
+    so a rollback or an apply shows at once, without a restart. Only the stage's exact function names are
+    served (``strata-{stage}-{rollout,ping}``), never another stage's that shares a prefix. `close` removes
+    the unpacked trees (the CLI calls it on every exit).
 
     Args:
-        stage: The stage whose functions (``strata-{stage}-{rollout,ping}``, exactly) are served.
+        stage: The stage whose functions are served.
         endpoint_url: The AWS endpoint (None: the standard chain and ``AWS_ENDPOINT_URL*``).
         region: AWS region.
-        work_dir: Where zips are unpacked (default: a new temp folder).
+        work_dir: Where zips are unpacked (default: a new temp folder, removed by `close`).
     """
 
     def __init__(self, *, stage: str, endpoint_url: str | None = None, region: str | None = None,
@@ -140,43 +187,90 @@ class DeployedFunctions:
         self.stage = stage
         self.endpoint_url = endpoint_url
         self.region = region
+        self._owns_dir = work_dir is None
         self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="strata-deployed-"))
-        self._specs: dict[str, FunctionSpec] = {}
+        self._lock = threading.Lock()
+        self._published: dict[tuple[str, str], FunctionSpec] = {}
+        self._latest: dict[str, tuple[str, FunctionSpec]] = {}
+
+    def _lambda(self) -> Any:
+        return client("lambda", region=self.region, endpoint_url=self.endpoint_url)
 
     def _stage_names(self) -> list[str]:
         """The exact function names of the stage (never a ``strata-{stage}-`` prefix: stage ``dev-x`` has it too)."""
         names = Names(stage=self.stage, account="", region="")
         return sorted(names.function(spec.name) for spec in FUNCTIONS)
 
+    def _call(self, what: str, call: Any) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return call()
+        except (BotoCoreError, ClientError) as exc:
+            raise _client_error(what, exc, self.endpoint_url) from exc
+
     def names(self) -> list[str]:
         """Every function of the stage that exists at the endpoint."""
-        lam = client("lambda", region=self.region, endpoint_url=self.endpoint_url)
-        return [n for n in self._stage_names() if or_none(lam.get_function_configuration, FunctionName=n)]
+        lam = self._lambda()
+        return [n for n in self._stage_names()
+                if self._call(f"stage {self.stage}: {n}", lambda n=n: or_none(lam.get_function_configuration,
+                                                                              FunctionName=n))]
 
     def get(self, name: str) -> FunctionSpec | None:
-        """The runtime's ``FunctionSpec`` of `name` at the stage alias (its code unpacked), or None."""
-        if name in self._specs:
-            return self._specs[name]
-        from functions._runtime import FunctionSpec
-
+        """`name` at ``$LATEST`` (its newest code), with the versions and aliases it has now; None if unknown."""
         if name not in self._stage_names():
             return None
-        lam = client("lambda", region=self.region, endpoint_url=self.endpoint_url)
-        has_alias = or_none(lam.get_alias, FunctionName=name, Name=self.stage) is not None
-        if or_none(lam.get_function_configuration, FunctionName=name) is None:
+        lam = self._lambda()
+
+        def read() -> tuple[dict[str, Any] | None, dict[str, str], tuple[str, ...]]:
+            latest = or_none(lam.get_function_configuration, FunctionName=name)
+            if latest is None:
+                return None, {}, ()
+            aliases = {a["Name"]: str(a["FunctionVersion"])
+                       for page in lam.get_paginator("list_aliases").paginate(FunctionName=name)
+                       for a in page.get("Aliases", [])}
+            versions = tuple(str(v["Version"])
+                             for page in lam.get_paginator("list_versions_by_function").paginate(FunctionName=name)
+                             for v in page.get("Versions", []) if v["Version"] != "$LATEST")
+            return latest, aliases, versions
+
+        latest, aliases, versions = self._call(f"stage {self.stage}: {name}", read)
+        if latest is None:
             return None
-        code = read_back(name, qualifier=self.stage if has_alias else None, endpoint_url=self.endpoint_url,
-                         region=self.region, work_dir=self.work_dir)
-        config = code.configuration
-        versions = tuple(sorted({v for v in code.aliases.values() if v != "$LATEST"}))
-        spec = FunctionSpec(
-            name=name, handler=config["Handler"], timeout_s=float(config.get("Timeout", 3)),
-            memory_mb=int(config.get("MemorySize", 128)),
-            reserved_concurrency=max(1, min(code.reserved_concurrency or _LOCAL_WORKERS, _LOCAL_WORKERS)),
-            environment=dict(config.get("Environment", {}).get("Variables", {})),
-            versions=versions, aliases=dict(code.aliases), code_dir=str(code.code_dir))
-        self._specs[name] = spec
+        fingerprint = json.dumps(latest, sort_keys=True, default=str)
+        with self._lock:
+            known = self._latest.get(name)
+        if known is not None and known[0] == fingerprint:
+            spec = known[1]
+        else:
+            spec = _spec(read_back(name, endpoint_url=self.endpoint_url, region=self.region,
+                                   work_dir=self.work_dir), aliases=aliases, versions=versions)
+            with self._lock:
+                self._latest[name] = (fingerprint, spec)
+        return dataclasses.replace(spec, aliases=aliases, versions=versions)
+
+    def version_spec(self, name: str, version: str) -> FunctionSpec | None:
+        """`name` as published at `version`, with that version's own code and settings (read once)."""
+        if name not in self._stage_names():
+            return None
+        with self._lock:
+            known = self._published.get((name, version))
+        if known is not None:
+            return known
+        try:
+            code = read_back(name, qualifier=version, endpoint_url=self.endpoint_url, region=self.region,
+                             work_dir=self.work_dir)
+        except InfraError:
+            return None
+        spec = _spec(code, aliases={}, versions=(version,))
+        with self._lock:
+            self._published[(name, version)] = spec
         return spec
+
+    def close(self) -> None:
+        """Remove the unpacked code (when this object made the folder)."""
+        if self._owns_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
 
 
 def register() -> None:

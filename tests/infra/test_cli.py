@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -105,9 +106,11 @@ def test_functions_serve_reads_the_deployment_back_through_infra(aws_env: MotoSe
                                                                  cache_dir: Path, source_snapshot: Path) -> None:
     state = tmp_path / "state"
     assert run_strata("infra", "apply", *flags(state, cache_dir, source_snapshot)).returncode == 0
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     proc = subprocess.Popen([STRATA, "functions", "serve", "--from-endpoint", aws_env.url, "--stage", "smoke",
                              "--port", "0", "--no-memory-limit"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, env={**os.environ, "TMPDIR": str(tmp)})
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -124,6 +127,22 @@ def test_functions_serve_reads_the_deployment_back_through_infra(aws_env: MotoSe
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+    assert proc.returncode == 0 and list(tmp.iterdir()) == []  # SIGTERM: the unpacked deployment is removed
+
+
+def test_functions_serve_from_a_dead_endpoint_is_one_error_line(tmp_path: Path) -> None:
+    from tests._services import free_port
+
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "TMPDIR": str(tmp_path)}
+    url = f"http://127.0.0.1:{free_port()}"
+    r = run_strata("functions", "serve", "--from-endpoint", url, "--stage", "dev", "--port", "0", env=env)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith(f"strata functions: error: stage dev: strata-dev-ping: cannot read the deployment "
+                               f"from {url}")
+    assert "check --from-endpoint and that the endpoint is running" in r.stderr
+    assert not any(p.name.startswith("strata-deployed-") for p in tmp_path.iterdir())
 
 
 def test_a_trusted_key_file_is_read_into_the_config(tmp_path: Path) -> None:

@@ -77,3 +77,46 @@ def test_the_local_runtime_serves_the_deployment_read_back_from_moto(
         assert r["ExecutedVersion"] == "1"
     finally:
         runtime.stop()
+
+
+def test_a_served_deployment_serves_every_version_and_follows_apply_and_rollback_without_a_restart(
+        aws_env: MotoServer, make_config: MakeConfig, state_dir: Path, tmp_path: Path,
+        source_snapshot: Path) -> None:
+    import shutil
+
+    from infra._deploy import rollback
+    from functions._runtime import LocalRuntime, RuntimeConfig
+
+    sources = tmp_path / "sources"
+    shutil.copytree(source_snapshot, sources)
+    handlers = sources / "functions" / "_handlers.py"
+    config = make_config(edge_nodes=(), source_dir=str(sources))
+    apply(config, state_dir=state_dir)  # version 1: ping answers {"ok": true, "echo": ...}
+    source = DeployedFunctions(stage="test", endpoint_url=aws_env.url)
+    runtime = LocalRuntime(source, config=RuntimeConfig(port=0, enforce_memory=False)).start()
+    try:
+        lam = boto3.client("lambda", endpoint_url=runtime.url, region_name="us-east-1")
+
+        def ping(**kwargs: str) -> tuple[str, dict[str, object]]:
+            r = lam.invoke(FunctionName="strata-test-ping", Payload=b'{"n": 1}', **kwargs)
+            assert "FunctionError" not in r, r["Payload"].read()
+            return r["ExecutedVersion"], json.loads(r["Payload"].read())
+
+        assert ping(Qualifier="test") == ("1", {"ok": True, "echo": {"n": 1}})
+        # New code, applied while the server runs: version 2 behind the alias, $LATEST the newest code.
+        handlers.write_text(handlers.read_text().replace('return {"ok": True, "echo": event}',
+                                                         'return {"ok": True, "echo": event, "v": 2}'))
+        apply(config, state_dir=state_dir)
+        assert ping(Qualifier="test") == ("2", {"ok": True, "echo": {"n": 1}, "v": 2})
+        assert ping() == ("$LATEST", {"ok": True, "echo": {"n": 1}, "v": 2})
+        assert ping(Qualifier="1") == ("1", {"ok": True, "echo": {"n": 1}})  # every published version
+        rollback("test", state_dir=state_dir)
+        assert ping(Qualifier="test") == ("1", {"ok": True, "echo": {"n": 1}})  # no restart needed
+        assert ping() == ("$LATEST", {"ok": True, "echo": {"n": 1}, "v": 2})
+        versions = lam.list_versions_by_function(FunctionName="strata-test-ping")["Versions"]
+        assert [v["Version"] for v in versions] == ["$LATEST", "1", "2"]
+        assert len({v["CodeSha256"] for v in versions}) == 2
+    finally:
+        runtime.stop()
+        source.close()
+    assert not source.work_dir.exists()  # the unpacked trees are gone
