@@ -110,8 +110,15 @@ def plan(config: DeployConfig, *, state_dir: Path, aws: Clients | None = None,
     account = aws.account_id()  # fails fast on missing credentials
     if artifacts is None:
         artifacts = planned_artifacts(config, state_dir=state_dir)
-    desired = desired_resources(config, account=account, region=aws.region, artifacts=artifacts)
-    return plan_apply(desired, state, aws)
+    tls = aws.s3_over_tls()
+    desired = desired_resources(config, account=account, region=aws.region, artifacts=artifacts, tls_endpoint=tls)
+    planned = plan_apply(desired, state, aws)
+    if tls:
+        return planned
+    note = "no TLS-only bucket policy: S3 is reached over plain HTTP here, which the policy would refuse"
+    return dataclasses.replace(planned, steps=tuple(
+        dataclasses.replace(s, note="; ".join(n for n in (s.note, note) if n)) if s.kind == "s3_bucket" else s
+        for s in planned.steps))
 
 
 def execute(plan_: Plan, executor: Executor, store: StateStore, state: State, *,

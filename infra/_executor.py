@@ -17,7 +17,7 @@ from typing import Any, Protocol, TextIO
 from infra._errors import AwsCallError, UnknownResourceKindError
 from infra._iot import credentials_path, remove_credentials, write_credentials
 from infra._live import function_version_attributes
-from infra._models import RUNTIME, Alias, Bucket, Function, IotCertificate, IotPolicy, IotThing, Role
+from infra._models import BUCKET_ENCRYPTION, RUNTIME, Alias, Bucket, Function, IotCertificate, IotPolicy, IotThing, Role
 from infra._plan import Step
 from infra._state import Record
 from infra.aws import Clients, is_not_found, or_none, retry_while
@@ -126,6 +126,12 @@ def _configure_bucket(ex: AwsExecutor, bucket: Bucket) -> None:
     s3.put_bucket_versioning(Bucket=bucket.name, VersioningConfiguration={"Status": "Enabled"})
     s3.put_public_access_block(Bucket=bucket.name, PublicAccessBlockConfiguration={
         "BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True, "RestrictPublicBuckets": True})
+    s3.put_bucket_encryption(Bucket=bucket.name, ServerSideEncryptionConfiguration={"Rules": [
+        {"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": BUCKET_ENCRYPTION}}]})
+    if bucket.policy is not None:
+        s3.put_bucket_policy(Bucket=bucket.name, Policy=json.dumps(bucket.policy))
+    else:
+        or_none(s3.delete_bucket_policy, Bucket=bucket.name)
     s3.put_bucket_tagging(Bucket=bucket.name, Tagging={"TagSet": _tag_list(bucket.tags)})
 
 

@@ -36,7 +36,7 @@ def _json(doc: Any) -> Any:
 
 
 def read_bucket(aws: Clients, name: str, record: Record | None) -> Live | None:
-    """The bucket's versioning, public-access block and tags."""
+    """The bucket's versioning, public-access block, default encryption, policy and tags."""
     s3 = aws.get("s3")
     if or_none(s3.head_bucket, Bucket=name) is None:
         return None
@@ -47,7 +47,12 @@ def read_bucket(aws: Clients, name: str, record: Record | None) -> Live | None:
     tags = {t["Key"]: t["Value"] for t in tagging["TagSet"]} if tagging else {}
     blocked = bool(flags) and all(flags.get(k) for k in ("BlockPublicAcls", "IgnorePublicAcls",
                                                           "BlockPublicPolicy", "RestrictPublicBuckets"))
-    return Live(attributes={"versioning": versioning, "block_public_access": blocked, "tags": tags},
+    got = or_none(s3.get_bucket_encryption, Bucket=name)
+    rules = got["ServerSideEncryptionConfiguration"]["Rules"] if got else []
+    encryption = rules[0]["ApplyServerSideEncryptionByDefault"]["SSEAlgorithm"] if rules else None
+    policy = or_none(s3.get_bucket_policy, Bucket=name)
+    return Live(attributes={"versioning": versioning, "block_public_access": blocked, "encryption": encryption,
+                            "policy": _json(policy["Policy"]) if policy else None, "tags": tags},
                 ids={"arn": f"arn:aws:s3:::{name}"})
 
 

@@ -208,17 +208,32 @@ class Artifact:
         return f"functions/{self.sha256_hex}.zip"
 
 
+BUCKET_ENCRYPTION = "AES256"
+"""The stage bucket's default encryption, set explicitly (SSE-S3)."""
+
+
+def tls_only_policy(bucket_arn: str) -> dict[str, Any]:
+    """The bucket policy that refuses every request not made over TLS."""
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "TlsOnly", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
+         "Resource": [bucket_arn, f"{bucket_arn}/*"], "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Bucket:
-    """The S3 bucket for function code, bundles and large rollout results (versioned, private)."""
+    """The S3 bucket for function code, bundles and large rollout results (versioned, private, encrypted, TLS only)."""
 
     kind: ClassVar[str] = "s3_bucket"
     name: str
     tags: dict[str, str] = field(hash=False)
+    policy: dict[str, Any] | None = field(hash=False)
+    """The bucket policy (`tls_only_policy`); None only where S3 is reached over plain HTTP (a local emulator,
+    which the policy would lock out of its own bucket: its requests really are not TLS)."""
 
     def attributes(self) -> dict[str, Any]:
         """Diffable desired state."""
-        return {"versioning": "Enabled", "block_public_access": True, "tags": dict(self.tags)}
+        return {"versioning": "Enabled", "block_public_access": True, "encryption": BUCKET_ENCRYPTION,
+                "policy": self.policy, "tags": dict(self.tags)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -367,9 +382,13 @@ def role_policies(names: Names, partition: str) -> tuple[dict[str, Any], dict[st
     return trust, permissions
 
 
-def desired_resources(config: DeployConfig, *, account: str, region: str,
-                      artifacts: dict[str, Artifact] | None) -> tuple[Resource, ...]:
-    """Every resource of the stage, in `KIND_ORDER`; `artifacts` maps function short names to built zips."""
+def desired_resources(config: DeployConfig, *, account: str, region: str, artifacts: dict[str, Artifact] | None,
+                      tls_endpoint: bool = True) -> tuple[Resource, ...]:
+    """Every resource of the stage, in `KIND_ORDER`; `artifacts` maps function short names to built zips.
+
+    `tls_endpoint` is False only when S3 is reached over plain HTTP (moto on loopback): the bucket then gets no
+    TLS-only policy, which would refuse every request strata makes there.
+    """
     check_config(config)
     names = Names(stage=config.stage, account=account, region=region, bucket_override=config.bucket)
     partition = partition_of(region)
@@ -377,7 +396,8 @@ def desired_resources(config: DeployConfig, *, account: str, region: str,
     trust, permissions = role_policies(names, partition)
     role_arn = f"arn:{partition}:iam::{account}:role/{names.role}"
     resources: list[Resource] = [
-        Bucket(name=names.bucket, tags=tags),
+        Bucket(name=names.bucket, tags=tags,
+               policy=tls_only_policy(f"arn:{partition}:s3:::{names.bucket}") if tls_endpoint else None),
         Role(name=names.role, policy_name=f"{names.prefix}-lambda-access", assume_role_policy=trust,
              policy=permissions, tags=tags),
     ]

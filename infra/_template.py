@@ -18,6 +18,7 @@ from typing import Any
 
 from infra._errors import UnknownResourceKindError
 from infra._models import (
+    BUCKET_ENCRYPTION,
     FUNCTIONS,
     RUNTIME,
     Alias,
@@ -67,7 +68,12 @@ def _bucket(r: Resource, t: dict[str, Any]) -> None:
         "BucketName": _sub(r.name), "VersioningConfiguration": {"Status": "Enabled"},
         "PublicAccessBlockConfiguration": {"BlockPublicAcls": True, "IgnorePublicAcls": True,
                                            "BlockPublicPolicy": True, "RestrictPublicBuckets": True},
+        "BucketEncryption": {"ServerSideEncryptionConfiguration": [
+            {"ServerSideEncryptionByDefault": {"SSEAlgorithm": BUCKET_ENCRYPTION}}]},
         "Tags": _tags(r.tags)}}
+    if r.policy is not None:
+        t["Resources"]["StageBucketPolicy"] = {"Type": "AWS::S3::BucketPolicy", "Properties": {
+            "Bucket": {"Ref": "StageBucket"}, "PolicyDocument": _sub(r.policy)}}
     t["Outputs"]["BucketName"] = {"Value": {"Ref": "StageBucket"}}
 
 

@@ -48,7 +48,7 @@ def test_the_template_holds_the_same_resources_as_the_plan() -> None:
     t = template(config)
     types = sorted(r["Type"] for r in t["Resources"].values())
     assert types == sorted([
-        "AWS::S3::Bucket", "AWS::IAM::Role", "AWS::Lambda::Function", "AWS::Lambda::Function",
+        "AWS::S3::Bucket", "AWS::S3::BucketPolicy", "AWS::IAM::Role", "AWS::Lambda::Function", "AWS::Lambda::Function",
         "AWS::Lambda::Version", "AWS::Lambda::Version", "AWS::Lambda::Alias", "AWS::Lambda::Alias",
         "AWS::IoT::Policy", "AWS::IoT::Thing", "AWS::IoT::Certificate", "AWS::IoT::PolicyPrincipalAttachment",
         "AWS::IoT::ThingPrincipalAttachment"])
