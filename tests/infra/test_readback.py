@@ -84,8 +84,8 @@ def test_a_served_deployment_serves_every_version_and_follows_apply_and_rollback
         source_snapshot: Path) -> None:
     import shutil
 
-    from infra._deploy import rollback
     from functions._runtime import LocalRuntime, RuntimeConfig
+    from infra._deploy import rollback
 
     sources = tmp_path / "sources"
     shutil.copytree(source_snapshot, sources)
