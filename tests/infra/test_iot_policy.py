@@ -159,6 +159,11 @@ def test_every_operation_of_a_live_agent_gateway_and_device_is_granted_and_every
         assert decision.tier == "edge"
         wait_until(lambda: agent.counters.telemetry_records >= 1 and agent.counters.experience_records >= 1
                    and agent.outbox.stats().pending == 0, what="telemetry and experience records sent and acked")
+    # The agent hosts its gateway on its own link; a gateway run on its own connects as itself.
+    from edge._gateway import EdgeGateway, GatewayConfig
+
+    EdgeGateway(GatewayConfig(broker=broker.url, fleet=fleet, node=node), policy_source=lambda: None,
+                trust=trust).start().close()
     clients = {mqtt_client_id(r, fleet=fleet, node=node, device="d1") for r in ("agent", "gateway", "device")}
     broker.stop()  # flush the log
     ops = broker_operations(broker.log_path.read_text(), clients)
