@@ -168,4 +168,5 @@ def test_invoke_errors_use_modelled_codes_or_the_one_aws_sends_unmodelled(client
 def test_an_unknown_path_is_unknown_operation(runtime: LocalRuntime) -> None:
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(runtime.url + "/2015-03-31/functions/echo/policy", timeout=30)
-    assert info.value.code == 404 and info.value.headers["x-amzn-ErrorType"] == "UnknownOperationException"
+    with info.value as error:  # the error holds the open response: close it
+        assert error.code == 404 and error.headers["x-amzn-ErrorType"] == "UnknownOperationException"
