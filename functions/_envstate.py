@@ -21,6 +21,18 @@ with `register_env_codec`, usually as a `FieldCodec` listing the attributes that
 A layer with no codec makes the env uncapturable (`NoEnvCodecError`, and `codec_gap` names the layer);
 the rollout handler then keeps today's behaviour: episodes end at the fragment length.
 
+A codec is registered in the process that runs the function (where the env is registered with
+gymnasium too), e.g. a handler module deployed with the function::
+
+    # my_rollout.py: handler "my_rollout.rollout_handler"
+    import gymnasium
+    from functions import Field, FieldCodec, register_env_codec
+    from functions._handlers import rollout_handler  # noqa: F401 (the handler Lambda calls)
+    from my_envs import MyEnv
+
+    gymnasium.register("MyEnv-v0", entry_point=MyEnv, max_episode_steps=1000)
+    register_env_codec(MyEnv, FieldCodec([Field("pos", shape=(3,)), Field("t", dtypes=("int64",))]))
+
 Not carried: the RNGs of the env's action and observation spaces (`space.sample()`); strata's rollout
 handler draws random actions from its own generator, seeded per invocation.
 """

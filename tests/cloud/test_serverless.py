@@ -285,7 +285,7 @@ def _streams(batches: list[RolloutBatch]) -> dict[int, dict[str, np.ndarray]]:
     return out
 
 
-def _one_process(env_id: str, seed: int, actions: np.ndarray) -> dict[str, np.ndarray]:
+def _one_process(env_id: str, seed: int, actions: np.ndarray, *, obs_size: int = 4) -> dict[str, np.ndarray]:
     import gymnasium as gym
 
     env = gym.make(env_id)
@@ -297,7 +297,7 @@ def _one_process(env_id: str, seed: int, actions: np.ndarray) -> dict[str, np.nd
         out["rewards"].append(np.float32(r))
         out["terminations"].append(term)
         out["truncations"].append(trunc)
-        out["final_obs"].append(np.asarray(o, np.float32) if term or trunc else np.zeros(4, np.float32))
+        out["final_obs"].append(np.asarray(o, np.float32) if term or trunc else np.zeros(obs_size, np.float32))
         if term or trunc:
             o, _ = env.reset()
     return {k: np.array(v) for k, v in out.items()}
@@ -364,3 +364,23 @@ def test_an_event_over_the_request_limit_is_refused_before_it_is_sent(creds: Non
         source._idle_lanes.append(lane)
         with pytest.raises(ServerlessError, match=re.escape("over Lambda's 6291456-byte request limit")):
             source._issue(1)
+
+
+def test_a_users_env_with_a_registered_codec_continues_through_the_runtime(creds: None) -> None:
+    from tests.functions._envstate_handler import ENV_ID  # also registers the env in this process, for the replay
+
+    spec = FunctionSpec(name="strata-rollout", handler="tests.functions._envstate_handler.rollout_handler",
+                        reserved_concurrency=2)
+    with LocalRuntime(SourceTreeFunctions([spec]), config=RuntimeConfig(port=0)) as rt:
+        cfg = config(rt.url, env_id=ENV_ID, max_concurrency=2)
+        with ServerlessRolloutSource(cfg) as source:
+            batches = list(source.fragments(count=16))  # 8 invocations of 20 steps on 2 lanes
+            assert source.stats.episodes_continued > 0
+    assert_exactly_once(batches, 8, cfg)
+    ended = 0
+    for w, got in _streams(batches).items():
+        want = _one_process(ENV_ID, cfg.seed + w, got["actions"], obs_size=2)
+        for name in ("obs", "rewards", "terminations", "final_obs"):
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"worker {w}: {name} differs")
+        ended += int(got["terminations"].sum())
+    assert ended >= 1  # 45-step episodes ended in the third invocation of their stream
