@@ -108,6 +108,8 @@ class EnvRunner:
         self.pending_trunc = [spec.fresh] * k
         self.policy = spec.policy_fn() if spec.policy_fn is not None else None
         self.current_env = -1
+        self.in_array = self.carrier == "array"
+        self.final_dtype, self.final_shape = self.final_obs.dtype, self.final_obs.shape[1:]
         self._stash: dict[int, Any] = {}  # actions sent over the pipe for a slot not being stepped yet
 
     def check_spaces(self) -> tuple[bool, bool]:
@@ -134,7 +136,7 @@ class EnvRunner:
         Returns what must go over the pipe after the slot is marked done (``shm``/``pipe`` carriers), else None.
         """
         local = self.spec.slot_envs[slot]
-        kind = self.cmd_kind[slot]
+        kind = int(self.cmd_kind[slot])
         errors: list[tuple[int, str, str, str, str]] = []
         out: Any = None
         try:
@@ -187,8 +189,7 @@ class EnvRunner:
         sl = slice(lo, lo + len(local))
         actions: Any = pipe_actions if pipe_actions is not None else self.actions[sl].copy()
         autoreset, pending, limit = self.autoreset, self.pending_trunc, self.limit
-        in_array = self.carrier == "array"
-        final_dtype, final_shape = self.final_obs.dtype, self.final_obs.shape[1:]
+        in_array, final_dtype, final_shape = self.in_array, self.final_dtype, self.final_shape
         records: list[Record] = []
         finals: list[tuple[int, Any]] = []
         obs_list: list[Any] = []
@@ -245,7 +246,10 @@ class EnvRunner:
             autoreset[j] = term or trunc
         if errors:
             return records, finals, None
-        self._write_obs(sl, obs_list)
+        if in_array:
+            self.obs[sl] = obs_list
+        else:
+            self._write_obs(sl, obs_list)
         self.rewards[sl] = rew_list
         self.terminated[sl] = term_list
         self.truncated[sl] = trunc_list
@@ -257,9 +261,7 @@ class EnvRunner:
         return records, finals, (None if in_array or self.carrier == "shm" else obs_list)
 
     def _write_obs(self, sl: slice, obs_list: list[Any]) -> None:
-        if self.carrier == "array":
-            self.obs[sl] = obs_list
-        elif self.carrier == "shm":
+        if self.carrier == "shm":
             space = self.spec.single_observation_space
             for g, obs in zip(range(sl.start, sl.stop), obs_list, strict=True):
                 write_to_shared_memory(space, g, obs, self.gym_shm)

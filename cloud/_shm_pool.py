@@ -328,6 +328,7 @@ class SharedMemoryVectorEnv(VectorEnv):
         self._half_indices = (np.flatnonzero(half_of_env == 0), np.flatnonzero(half_of_env == 1))
         self._slot_indices = (*self._half_indices, np.arange(n))
         self._slot_action_spaces = tuple(batch_space(self.single_action_space, len(i)) for i in self._slot_indices)
+        self._slot_act_shapes = tuple((len(i), *self._actions.shape[1:]) for i in self._slot_indices)
         self._positions = []
         for idx in self._slot_indices:
             pos = np.full(n, -1, dtype=np.int64)
@@ -534,36 +535,15 @@ class SharedMemoryVectorEnv(VectorEnv):
         idx = self._slot_indices[slot]
         per_env: list[Any] | None = None
         if kind == ACT_SHM:
-            if self._act_fixed:
-                acts = np.asarray(actions)
-                want = (len(idx), *self._actions.shape[1:])
-                if acts.ndim == 0:
-                    raise TypeError(
-                        f"SharedMemoryVectorEnv.{what}: actions must be a batch of shape {want}, "
-                        f"got the scalar {acts!r}"
-                    )
-                if len(acts) != len(idx):
-                    raise ValueError(
-                        f"SharedMemoryVectorEnv.{what}: actions must have shape {want} "
-                        f"({'action_space.shape' if slot == ALL else f'half_indices({slot})'}) but got {acts.shape}"
-                    )
-                if acts.shape == want and (
-                    acts.dtype == self._actions.dtype or np.can_cast(acts.dtype, self._actions.dtype, "safe")
-                ):
-                    if slot == ALL:
-                        self._actions[...] = acts
-                    else:
-                        self._actions[idx] = acts
+            acts = np.asarray(actions) if self._act_fixed else None
+            if acts is not None and acts.shape == self._slot_act_shapes[slot] and acts.dtype == self._actions.dtype:
+                # The hot path: a batch of exactly the action array's shape and dtype.
+                if slot == ALL:
+                    self._actions[...] = acts
                 else:
-                    # Writing these into the action array would change them (0.7 -> 0 for a Discrete space, a
-                    # reshape for a Box): hand each env its action unchanged, over the pipe, as AsyncVectorEnv does.
-                    per_env, kind = list(acts), ACT_PIPE
+                    self._actions[idx] = acts
             else:
-                per_env, kind = list(iterate(self._slot_action_spaces[slot], actions)), ACT_PIPE
-                if len(per_env) != len(idx):
-                    raise ValueError(
-                        f"SharedMemoryVectorEnv.{what}: expected {len(idx)} actions but got {len(per_env)}"
-                    )
+                per_env, kind = self._actions_off_the_fast_path(slot, actions, acts, what)
         self._in_flight[slot] = time.monotonic()
         positions = self._positions[slot]
         for wk in self._slot_workers[slot]:
@@ -579,6 +559,39 @@ class SharedMemoryVectorEnv(VectorEnv):
             assert wk.cmd_sem is not None
             wk.cmd_sem.release()
 
+    def _actions_off_the_fast_path(
+        self, slot: int, actions: Any, acts: np.ndarray | None, what: str
+    ) -> tuple[list[Any] | None, int]:
+        """Check actions that are not a batch of the action array's dtype and shape; write them or list them per env.
+
+        Returns (per-env actions to send over the pipe, ACT_PIPE) or (None, ACT_SHM) when they were written.
+        """
+        idx = self._slot_indices[slot]
+        if acts is None:  # a composite action space: AsyncVectorEnv's way, one element per env
+            per_env = list(iterate(self._slot_action_spaces[slot], actions))
+            if len(per_env) != len(idx):
+                raise ValueError(f"SharedMemoryVectorEnv.{what}: expected {len(idx)} actions but got {len(per_env)}")
+            return per_env, ACT_PIPE
+        want = self._slot_act_shapes[slot]
+        if acts.ndim == 0:
+            raise TypeError(
+                f"SharedMemoryVectorEnv.{what}: actions must be a batch of shape {want}, got the scalar {acts!r}"
+            )
+        if len(acts) != len(idx):
+            raise ValueError(
+                f"SharedMemoryVectorEnv.{what}: actions must have shape {want} "
+                f"({'action_space.shape' if slot == ALL else f'half_indices({slot})'}) but got {acts.shape}"
+            )
+        if acts.shape == want and np.can_cast(acts.dtype, self._actions.dtype, "safe"):
+            if slot == ALL:
+                self._actions[...] = acts
+            else:
+                self._actions[idx] = acts
+            return None, ACT_SHM
+        # Writing these into the action array would change them (0.7 -> 0 for a Discrete space, a reshape for a
+        # Box): hand each env its action unchanged, over the pipe, as AsyncVectorEnv does.
+        return list(acts), ACT_PIPE
+
     def _recv_out(self, wk: _Worker, slot: int, what: str) -> tuple[Any, ...]:
         """The step result a ``shm``/``pipe`` carrier worker sent for `slot` (it is sent right after the done mark)."""
         while slot not in wk.outs:
@@ -593,8 +606,8 @@ class SharedMemoryVectorEnv(VectorEnv):
         return wk.outs.pop(slot)
 
     def _collect(self, slot: int, timeout: float | None, what: str) -> StepResult:
-        self._assert_open()
         if slot not in self._in_flight:
+            self._assert_open()
             name = "step_async" if what in ("step_wait", "step") else what.replace("_wait", "_async")
             raise NoPendingCallError(f"Calling `{what}` without any prior call to `{name}`.", "step")
         started = self._in_flight[slot]
@@ -695,7 +708,7 @@ class SharedMemoryVectorEnv(VectorEnv):
         per_env: dict[int, dict[str, Any]] = {}
         final_infos: dict[int, dict[str, Any] | None] = {}
         final_obs: dict[int, Any] = {}
-        parts = [(records, finals) for records, finals in blobs]
+        parts: list[Any] = blobs
         for w, (_tag, _slot, records, finals, obs) in outs.items():
             parts.append((records, finals))
             if obs is not None:
@@ -728,7 +741,8 @@ class SharedMemoryVectorEnv(VectorEnv):
             if per_env[g]:
                 infos = add_info(infos, per_env[g], int(positions[g]), n)
         if full:
-            return self._batch_obs(ALL), self._rewards.copy(), self._terminated.copy(), self._truncated.copy(), infos
+            obs = (self._obs.copy() if self.copy else self._obs) if self._carrier == "array" else self._batch_obs(ALL)
+            return obs, self._rewards.copy(), self._terminated.copy(), self._truncated.copy(), infos
         return self._batch_obs(slot), self._rewards[idx], self._terminated[idx], self._truncated[idx], infos
 
     def _batch_obs(self, slot: int) -> Any:
@@ -1018,6 +1032,8 @@ class SharedMemoryVectorEnv(VectorEnv):
         if pending is not None:
             gym.logger.warn(f"Calling `close` while waiting for a pending call to `{pending}` to complete.")
             terminate = True  # its results would be thrown away: stop the workers at once
+        self._in_flight.clear()
+        self._pending_control = None
         deadline = time.monotonic() + (self.config.close_timeout_s if timeout is None else timeout)
         workers = self._workers
         if not terminate:
