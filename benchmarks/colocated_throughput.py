@@ -8,7 +8,11 @@ Env steps/s with actions chosen in the parent process (pre-drawn random actions)
 - subproc:  Stable-Baselines3 SubprocVecEnv over the same 2K envs (one process per env, fork);
 - sync:     gymnasium SyncVectorEnv of 2K envs in this process;
 - single:   the plain one-env step loop in this process (the per-core limit; x2 is "linear scaling");
-- strata 2Kx1 (heavy env only): strata with one worker per env, the process count async and subproc use.
+- strata 2Kx1 (heavy env only): strata with one worker per env, the process count async and subproc use;
+- envpool (CartPole-v1 and Pendulum-v1 only): EnvPool's C++ envs, 2K envs on 2 threads (`pip install envpool`),
+  what a user who wants speed picks today;
+- before (with ``--before REV``): the pool as it was at git revision REV (its cloud/_shm_pool.py loaded as a
+  module), for same-run before/after ratios of a change to the pool.
 
 Also numpy-vectorised CartPole (`gymnasium.make_vec(..., vectorization_mode="vector_entry_point")`) in the
 workers vs in this process, and co-located inference (an MLP 4-64-64-2 ONNX policy): batched in the
@@ -23,12 +27,17 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import itertools
 import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -38,6 +47,8 @@ from cloud import ColocatedConfig, SharedMemoryVectorEnv
 
 HEAVY_ID = "strata-bench/Busy200us-v0"
 WORKERS = 2
+REPO = Path(__file__).resolve().parent.parent
+ENVPOOL_IDS = ("CartPole-v1", "Pendulum-v1")
 
 
 class BusyEnv(gym.Env[np.ndarray, int]):
@@ -120,6 +131,68 @@ def build_strata_per_env(env_id: str, k: int) -> Any:
     pool = SharedMemoryVectorEnv.make(env_id, num_workers=WORKERS * k, envs_per_worker=1)
     pool.reset(seed=0)
     return pool.step, pool.close
+
+
+def load_pool_at(rev: str) -> Any:
+    """`SharedMemoryVectorEnv` as it was at git revision `rev`: its cloud/_shm_pool.py, loaded as its own module."""
+    src = subprocess.run(["git", "show", f"{rev}:cloud/_shm_pool.py"], cwd=REPO, capture_output=True, text=True)
+    if src.returncode != 0:
+        raise SystemExit(f"colocated_throughput: --before {rev}: {src.stderr.strip()}")
+    path = Path(tempfile.mkdtemp(prefix="strata_before_")) / "strata_pool_before.py"
+    path.write_text(src.stdout)
+    spec = importlib.util.spec_from_file_location("strata_pool_before", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["strata_pool_before"] = module
+    spec.loader.exec_module(module)
+    return module.SharedMemoryVectorEnv
+
+
+def build_before(pool_class: Any, env_id: str, k: int) -> Any:
+    fns = [functools.partial(gym.make, env_id)] * (WORKERS * k)
+    pool = pool_class(fns, config=ColocatedConfig(num_workers=WORKERS))
+    pool.reset(seed=0)
+    return pool.step, pool.close
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_env_step(pool_class: Any, env_id: str, k: int, batches: list[np.ndarray], steps: int) -> float:
+    """CPU microseconds (parent + workers) one env step costs in a 2-worker pool of `pool_class`.
+
+    The work the pool does, not how fast a contended host lets it run: CPU time barely moves with load, where
+    steps/s on this shared 2-core host swings 2x between windows.
+    """
+    fns = [functools.partial(gym.make, env_id)] * (WORKERS * k)
+    pool = pool_class(fns, config=ColocatedConfig(num_workers=WORKERS))
+    try:
+        pool.reset(seed=0)
+        for i in range(50):
+            pool.step(batches[i % len(batches)])
+        pids = [int(wk.process.pid) for wk in pool._workers]
+        workers0, parent0 = sum(_cpu_s(p) for p in pids), time.process_time()
+        for i in range(steps):
+            pool.step(batches[i % len(batches)])
+        used = time.process_time() - parent0 + sum(_cpu_s(p) for p in pids) - workers0
+    finally:
+        pool.close()
+    return 1e6 * used / (steps * WORKERS * k)
+
+
+def build_envpool(env_id: str, k: int) -> Any:
+    import warnings
+
+    import envpool
+
+    with warnings.catch_warnings():  # its Pendulum-v1 builds a float64-bounded Box: gymnasium warns, harmlessly
+        warnings.simplefilter("ignore", UserWarning)
+        envs = envpool.make_gymnasium(env_id, num_envs=WORKERS * k, num_threads=WORKERS, seed=0)
+    envs.reset()
+    return envs.step, envs.close
 
 
 def build_async(env_id: str, k: int) -> Any:
@@ -296,6 +369,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer configurations and shorter windows (< 1 minute)")
     parser.add_argument("--repeats", type=int, default=None, help="timed windows per figure (default 5, quick 3)")
     parser.add_argument("--window", type=float, default=None, help="seconds per timed window (default 1.0, quick 0.2)")
+    parser.add_argument("--before", default=None, metavar="REV",
+                        help="also time the pool as it was at this git revision (same-run before/after ratios)")
+    parser.add_argument("--only", default=None, choices=("throughput",),
+                        help="throughput: only the env-stepping matrix (no numpy-vector, inference or PPO parts)")
     parser.add_argument("--ppo-seeds", type=int, default=None,
                         help="seeds of the PPO wall-clock comparison (default 3, quick 1; 0 skips it)")
     args = parser.parse_args()
@@ -311,7 +388,21 @@ def main() -> None:
         variants = ("strata", "async", "sync", "subproc")
         vec_sizes = (32, 256)
         inference_sizes = (1, 8, 32)
-    builders = {"strata": build_strata, "async": build_async, "sync": build_sync, "subproc": build_subproc}
+    builders: dict[str, Callable[[str, int], Any]] = {
+        "strata": build_strata, "async": build_async, "sync": build_sync, "subproc": build_subproc
+    }
+    try:
+        import envpool  # noqa: F401
+
+        have_envpool = True
+    except ImportError:
+        have_envpool = False
+        print("# envpool is not installed (pip install envpool): no EnvPool column")
+    if args.before:
+        builders["before"] = functools.partial(build_before, load_pool_at(args.before))
+        variants = (*variants, "before")
+    if args.only == "throughput":
+        vec_sizes, inference_sizes = (), ()
     load = os.getloadavg()
     print(f"# load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; "
           f"{repeats} windows of {window} s per figure (median)")
@@ -328,6 +419,8 @@ def main() -> None:
                 v: (functools.partial(builders[v], env_id, k), batches, n) for v in variants
             }
             todo["single"] = (functools.partial(build_single, env_id), single_batches, 1)
+            if have_envpool and env_id in ENVPOOL_IDS:
+                todo["envpool"] = (functools.partial(build_envpool, env_id, k), batches, n)
             if env_id == HEAVY_ID and k > 1:
                 todo["strata_per_env"] = (functools.partial(build_strata_per_env, env_id, k), batches, n)
             rates = interleaved(todo, repeats, window)
@@ -342,13 +435,37 @@ def main() -> None:
             ratios[f"{key}/strata_vs_linear"] = rates["strata"] / (WORKERS * single)
             if "strata_per_env" in rates:
                 ratios[f"{key}/strata_per_env_vs_async"] = rates["strata_per_env"] / rates["async"]
+            if "envpool" in rates:
+                ratios[f"{key}/strata_vs_envpool"] = rates["strata"] / rates["envpool"]
+            if "before" in rates:
+                ratios[f"{key}/strata_vs_before"] = rates["strata"] / rates["before"]
             rows.append((env_id, k, rates, single))
             print(f"{env_id:26s} 2x{k:<3d} strata {rates['strata']:>10,.0f}  async {rates['async']:>10,.0f}  "
                   f"subproc {rates['subproc']:>10,.0f}  sync {rates['sync']:>10,.0f}  single {single:>10,.0f}  "
                   f"strata/async {ratios[f'{key}/strata_vs_async']:5.2f}  "
                   f"strata/(2*single) {ratios[f'{key}/strata_vs_linear']:5.2f}"
-                  + (f"  strata {n}x1 {rates['strata_per_env']:>8,.0f}" if "strata_per_env" in rates else ""),
+                  + (f"  strata {n}x1 {rates['strata_per_env']:>8,.0f}" if "strata_per_env" in rates else "")
+                  + (f"  envpool {rates['envpool']:>10,.0f}" if "envpool" in rates else "")
+                  + (f"  before {rates['before']:>10,.0f} after/before {ratios[f'{key}/strata_vs_before']:5.2f}"
+                     if "before" in rates else ""),
                   flush=True)
+
+    if args.before:
+        before_class = load_pool_at(args.before)
+        print(f"# CPU us per env step, parent + workers (median of 3 alternated rounds), this tree vs {args.before}")
+        for env_id in ("CartPole-v1", "Pendulum-v1"):
+            for k in matrix.get(env_id, ()):
+                batches = action_batches(env_id, WORKERS * k)
+                steps = max(200, 12_000 // k) if not args.quick else max(50, 2_000 // k)
+                cpu: dict[str, list[float]] = {"after": [], "before": []}
+                for _ in range(3):
+                    cpu["after"].append(cpu_per_env_step(SharedMemoryVectorEnv, env_id, k, batches, steps))
+                    cpu["before"].append(cpu_per_env_step(before_class, env_id, k, batches, steps))
+                after, before = statistics.median(cpu["after"]), statistics.median(cpu["before"])
+                figures[f"cpu_us/{env_id}/{k}/after"], figures[f"cpu_us/{env_id}/{k}/before"] = after, before
+                ratios[f"cpu_us/{env_id}/{k}/after_vs_before"] = after / before
+                print(f"{env_id:26s} 2x{k:<3d} cpu us/env-step after {after:7.1f}  before {before:7.1f}  "
+                      f"after/before {after / before:5.2f}", flush=True)
 
     for k in vec_sizes:
         n = WORKERS * k
@@ -374,6 +491,8 @@ def main() -> None:
               flush=True)
 
     ppo_seeds = args.ppo_seeds if args.ppo_seeds is not None else (1 if args.quick else 3)
+    if args.only == "throughput":
+        ppo_seeds = 0
     ppo = ppo_solve_times(tuple(range(ppo_seeds)), budget=150_000) if ppo_seeds else None
     if ppo:
         print(f"PPO solve wall-clock median: sync {ppo['sync']['median_wall_s']:.1f} s, colocated "
@@ -385,12 +504,17 @@ def main() -> None:
     if "CartPole-v1/32/strata_vs_async" in ratios:
         goals["cartpole_32_per_worker_vs_async>=1.25"] = ratios["CartPole-v1/32/strata_vs_async"]
         goals["cartpole_32_per_worker_vs_2x_single>=0.7"] = ratios["CartPole-v1/32/strata_vs_linear"]
+        goals["cartpole_32_per_worker_vs_2x_single>=0.85 (issue 18)"] = ratios["CartPole-v1/32/strata_vs_linear"]
+    if "CartPole-v1/1/strata_vs_envpool" in ratios:
+        goals["cartpole_1_per_worker_vs_envpool>=0.9"] = ratios["CartPole-v1/1/strata_vs_envpool"]
     heavy = {k: v for k, v in ratios.items() if k.startswith(HEAVY_ID) and k.endswith("strata_vs_linear")}
     if heavy:
         goals["heavy_vs_linear>=0.85_best"] = max(heavy.values())
     print("# goals:", ", ".join(f"{k} = {v:.2f}" for k, v in goals.items()))
     print(json.dumps({"benchmark": "colocated_throughput", "quick": args.quick, "load_avg": load[0],
-                      "steps_per_s": {k: round(v) for k, v in figures.items()},
+                      "before": args.before,
+                      "steps_per_s": {k: round(v) for k, v in figures.items() if not k.startswith("cpu_us/")},
+                      "cpu_us_per_env_step": {k: round(v, 2) for k, v in figures.items() if k.startswith("cpu_us/")},
                       "ratios": {k: round(v, 3) for k, v in ratios.items()},
                       "goals": {k: round(v, 3) for k, v in goals.items()}, "ppo_solve": ppo}))
 
