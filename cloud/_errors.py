@@ -4,7 +4,7 @@
      └── CloudError                      anything the cloud tier raises on purpose
           └── ColocatedError              the shared-memory env worker pool (cloud/_colocated.py)
                ├── PoolStateError          a call out of order (step_wait without step_async, use after close)
-               ├── UnsupportedSpaceError   a space that has no fixed-shape numpy layout in shared memory
+               ├── UnsupportedSpaceError   (kept for callers; the pool now carries every space gymnasium can batch)
                ├── EnvWorkerError          an env raised inside a worker (carries env_index and the traceback)
                ├── WorkerFailedError       a worker process crashed or hung past its timeout
                │    └── WorkerTimeoutError  ... past the caller's *_wait timeout (a multiprocessing.TimeoutError)
