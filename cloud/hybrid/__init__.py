@@ -21,8 +21,9 @@ state machine; the arrows that cross units are collectives, which every unit ent
     DECIDE ────── rank 0 BROADCASTs its decision: go on, stop (solved, budget, signal), or switch every unit's
         │         rollout mode to M (a `strata switch` it received), carried out by all at this boundary
         v
-    CHECKPOINT ── rank 0 publishes version v+1 to its parameter server, logs metrics, serves status, and
-        │         every `checkpoint_every` updates writes a checkpoint ──> COLLECT, or
+    CHECKPOINT ── rank 0 commits version v+1 (`cloud._stop.Checkpointer`: kept every `checkpoint_every`
+        │         updates, else the rolling checkpoint), publishes it to its parameter server, logs metrics
+        │         and serves status ──> COLLECT, or
         v
     STOP ──────── rank 0 writes the final checkpoint of the last completed update; sources close.
                   A failure anywhere (a unit killed, a collective timeout) raises in the others' next

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from cloud._checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from cloud._checkpoint import latest_checkpoint, load_checkpoint
 from cloud._control import SWITCHES_FILE
 from cloud._errors import HybridError
-from cloud._stop import trim_jsonl
+from cloud._stop import Checkpointer, trim_jsonl
 from cloud._switcher import SwitchEvent
 from cloud.hybrid._config import UnitSpec
 from device import ConfigError, require, space_to_json
@@ -216,9 +216,8 @@ def run_unit(spec: UnitSpec) -> HybridResult:
 
     stop = _StopFlag().install()
     switcher = group = leader = metrics = None
-    snapshot: dict[str, Any] | None = None
+    checkpointer: Checkpointer | None = None
     last_path: Path | None = None
-    checkpointed = version if state else -1
     try:
         # The pool forks its workers before the group opens its sockets, so no worker holds a copy of them.
         switcher = build_switcher(env_id=spec.env_id, config=config, switching=spec.switching, rules=SwitchRules(),
@@ -246,9 +245,11 @@ def run_unit(spec: UnitSpec) -> HybridResult:
                     "optimizer": copy.deepcopy(optimizer.state_dict()), "normalizer": normalizer.state_dict(),
                     "recent_returns": list(recent), "hybrid": {"units": world}}
 
-        snapshot = snapshot_state()
         if group.is_leader:
             run_dir.mkdir(parents=True, exist_ok=True)
+            # Rank 0 commits every completed update: kept every checkpoint_every updates, otherwise written in
+            # the background as the rolling checkpoint; a stop of any kind writes the last commit.
+            checkpointer = Checkpointer(run_dir, keep_every=spec.checkpoint_every, start_version=version)
             leader = Leader(switcher=switcher, env_id=spec.env_id, run_dir=run_dir,
                             policy=spec.env_id.split("-")[0].lower(), control=spec.switching.control,
                             param_host=spec.hybrid.param_server_host, param_port=spec.hybrid.param_server_port)
@@ -314,7 +315,8 @@ def run_unit(spec: UnitSpec) -> HybridResult:
                 recent.extend(new_returns)
                 window = list(recent)[-RETURN_WINDOW:]
                 mean_return = float(np.mean(window)) if window else float("nan")
-                snapshot = snapshot_state()
+                if checkpointer is not None:
+                    checkpointer.commit(snapshot_state())
                 elapsed = time.perf_counter() - started
 
                 # --- rank 0 decides; every unit acts on its decision at this boundary ---
@@ -378,13 +380,11 @@ def run_unit(spec: UnitSpec) -> HybridResult:
                                   mean_return=None if np.isnan(mean_return) else mean_return,
                                   env_steps_per_s=values["perf/env_steps_per_s"],
                                   units=units)
-                    if version % spec.checkpoint_every == 0:
-                        last_path, checkpointed = save_checkpoint(run_dir, snapshot), version
                 if decision[0] != STOP_NONE:
                     break
 
-        if leader is not None and checkpointed != version:
-            last_path, checkpointed = save_checkpoint(run_dir, snapshot), version
+        if checkpointer is not None:
+            last_path = checkpointer.final()
         if stopped_by is not None:
             log(f"strata train: stopped by {stopped_by} at policy version {version}, step {global_step:,}; "
                 f"checkpoint {last_path}; continue with the same command and --resume")
@@ -412,14 +412,18 @@ def run_unit(spec: UnitSpec) -> HybridResult:
             published=leader.published if leader is not None else 0, timings=timings, unit_status=units)
     except BaseException as exc:
         # A peer died, a collective timed out, or this unit failed: rank 0 keeps the last completed update.
-        if rank == 0 and snapshot is not None:
-            path = save_checkpoint(run_dir, snapshot) if int(snapshot["version"]) > checkpointed else last_path
+        if checkpointer is not None:
+            path = checkpointer.final() or latest_checkpoint(run_dir)
+            committed = checkpointer.committed
+            step = int(committed["global_step"]) if committed else int(state["global_step"]) if state else 0
             log(f"strata train: unit failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-                f"; checkpoint {path} (policy version {snapshot['version']}, step {snapshot['global_step']:,}); "
+                f"; checkpoint {path} (policy version {checkpointer.version}, step {step:,}); "
                 "continue with the same command and --resume")
         raise
     finally:
         stop.restore()
+        if checkpointer is not None:
+            checkpointer.close()
         if metrics is not None:
             metrics.close()
         if leader is not None:
