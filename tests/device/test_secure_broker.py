@@ -151,3 +151,24 @@ def test_broker_config_cli_writes_device_and_gateway_identities(tmp_path: Path) 
     kit = tmp_path / "kits" / "e1"
     toml = (kit / "edge.toml").read_text()
     assert "serve_devices = true" in toml
+
+
+def test_a_failed_relay_shows_in_the_nodes_status(tmp_path: Path, mosquitto_factory: MosquittoFactory) -> None:
+    """An edge agent serving devices on a broker configured without --devices may not relay: its node status (what
+    `strata fleet` shows) carries the gateway's relay error instead of staying silent."""
+    from tests.edge._agents import agent_config, running_agents, wait_until
+
+    files = write_broker_config(tmp_path / "broker", fleet=FLEET, nodes=["e1"])  # no --devices: no relay topics
+    broker = mosquitto_factory([f"password_file {files.passwd}", f"acl_file {files.acl}",
+                                "use_username_as_clientid true"], anonymous=False)
+    keys = tmp_path / "keys"
+    generate_keypair(keys)
+    config = agent_config(tmp_path, "e1", keys / "strata-signing.pub", broker.url, fleet=FLEET, serve_devices=True,
+                          username="e1", password_file=str(files.credentials["e1"]))
+    with running_agents([config]) as (agent,):
+        wait_until(lambda: agent.gateway is not None and agent.gateway.connected, what="gateway link")
+        assert agent.gateway is not None
+        assert agent.gateway.relay(_bundle(keys, tier="device", version=1, hidden=(8,)).to_bytes())
+        wait_until(lambda: agent.status().last_error is not None, timeout=60, what="the relay error in the status")
+        assert "relay of device bundle cartpole-device v1" in (agent.status().last_error or "")
+        assert agent.gateway.counters.relay_failures == 1
