@@ -3,7 +3,8 @@
 For each operator in `device.supported_operators()`, ``--cases`` graphs from `tests.device._opcases` (random
 shapes, attributes, broadcasting, run-time vs initializer inputs, the op alone/first/middle/last, NaN/inf/-0 in
 float inputs), each run by the executor and by onnxruntime (the baseline and oracle, same run, same inputs). Then
-ONNX's own node tests for the claimed operators (``onnx.backend.test.case.node``), with their expected outputs.
+ONNX's own node tests for the claimed operators (``onnx.backend.test.case.node``), with their expected outputs,
+and ``--chains`` small graphs of 2-6 chained operators (`make_chain_case`).
 
 Counted per outcome: ``match``; ``match (NaN slices: propagated)`` (ArgMax/ArgMin/ReduceMax/ReduceMin of a slice
 holding NaN, which onnxruntime does not define, see `device._executor`); ``refused: <reason>`` (the executor
@@ -25,7 +26,15 @@ import warnings
 import numpy as np
 
 from device import supported_operators
-from tests.device._opcases import Mismatch, RngDraw, check, check_node_test, make_case, onnx_node_tests
+from tests.device._opcases import (
+    Mismatch,
+    RngDraw,
+    check,
+    check_node_test,
+    make_case,
+    make_chain_case,
+    onnx_node_tests,
+)
 
 
 def main() -> None:
@@ -33,6 +42,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="25 cases per operator and no node tests (< 1 min)")
     parser.add_argument("--cases", type=int, default=250, help="generated graphs per operator")
     parser.add_argument("--seed", type=int, default=0, help="first seed; case i of op k uses seed + 100003*k + i")
+    parser.add_argument("--chains", type=int, default=2000, help="small graphs of 2-6 chained operators")
     args = parser.parse_args()
     cases = 25 if args.quick else args.cases
     warnings.simplefilter("ignore")  # numpy's "invalid value" warnings on NaN/inf inputs are the point here
@@ -56,6 +66,14 @@ def main() -> None:
     totals: collections.Counter[str] = collections.Counter()
     for counts in per_op.values():
         totals.update(counts)
+    chains: collections.Counter[str] = collections.Counter()
+    for i in range(100 if args.quick else args.chains):
+        case = make_chain_case(RngDraw(args.seed + 7_000_001 + i))
+        try:
+            chains[check(case)] += 1
+        except Exception as exc:  # any crash or mismatch is a failure to count, not to stop on
+            chains["failure"] += 1
+            failures.append(f"{case.desc}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
 
     node: collections.Counter[str] = collections.Counter()
     if not args.quick:
@@ -85,12 +103,18 @@ def main() -> None:
         "match_nan_propagated": totals["match (NaN slices: propagated)"], "invalid": totals["invalid"],
         "refused": sum(v for key, v in totals.items() if key.startswith("refused")), "failures": totals["failure"],
     }
+    small_graphs = {"cases": sum(chains.values()), "match": chains["match"], "invalid": chains["invalid"],
+                    "failures": chains["failure"],
+                    "refused": sum(v for key, v in chains.items() if key.startswith("refused"))}
+    print(f"small graphs (2-6 chained operators): {small_graphs}")
     node_tests = {"cases": sum(node.values()), "match": node["match"], "failures": node["failure"],
                   "refused": sum(v for key, v in node.items() if key.startswith("refused"))}
     print(json.dumps({"benchmark": "device_op_fuzz", "quick": args.quick, "cases_per_operator": cases,
-                      "seed": args.seed, "generated": generated, "onnx_node_tests": node_tests,
+                      "seed": args.seed, "generated": generated, "small_graphs": small_graphs,
+                      "onnx_node_tests": node_tests,
                       "refusals_by_reason": refusals, "elapsed_s": round(elapsed, 1),
-                      "goals": {"zero_failures": generated["failures"] + node_tests["failures"] == 0}},
+                      "goals": {"zero_failures": generated["failures"] + node_tests["failures"]
+                                + small_graphs["failures"] == 0}},
                      sort_keys=True))
 
 

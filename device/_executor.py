@@ -319,6 +319,21 @@ def _clip(ctx: _Ctx) -> list[str]:
 # --- linear algebra ------------------------------------------------------------------------------------
 
 
+def _dot(ctx: _Ctx, x: str, x_rank: int | None, w: Array) -> str:
+    """``x @ w`` for a constant 2-D `w`: np.dot, except when the inner dimension is 1.
+
+    There numpy computes an outer product through BLAS with each weight as the scale, and OpenBLAS skips a zero
+    scale, so NaN * 0 gave 0 (onnxruntime: NaN). The elementwise product keeps NaN; adding +0 turns its -0 into
+    the +0 a sum that starts at 0 gives, as onnxruntime's GEMM does (1 / the result is then +inf there too).
+    """
+    k = ctx.bind(np.ascontiguousarray(w))
+    if w.shape[0] == 1:
+        if x_rank is not None and x_rank >= 2:
+            return f"np.add(np.multiply({x}, {k}), {ctx.bind(w.dtype.type(0))})"
+        return f"np.matmul({x}, {k})"
+    return f"np.dot({x}, {k})"
+
+
 @_op("Gemm")
 def _gemm(ctx: _Ctx) -> list[str]:
     a, b, c = ctx.inp(0), ctx.inp(1), ctx.opt(2)
@@ -330,11 +345,11 @@ def _gemm(ctx: _Ctx) -> list[str]:
         w = b.const.T if trans_b else b.const
         if alpha != 1.0:
             w = w * w.dtype.type(alpha)
-        lines = [f"{ctx.outs[0]} = np.dot({x}, {ctx.bind(np.ascontiguousarray(w))})"]
+        lines = [f"{ctx.outs[0]} = {_dot(ctx, x, 2, w)}"]
     else:
         w_code = f"{b.code}.T" if trans_b else b.code
         scale = f" * {ctx.bind(np.float32(alpha))}" if alpha != 1.0 else ""
-        lines = [f"{ctx.outs[0]} = np.dot({x}, {w_code}){scale}"]
+        lines = [f"{ctx.outs[0]} = np.matmul({x}, {w_code}){scale}"]  # not np.dot: see `_dot`
     if c is not None and beta != 0.0:
         if c.const is not None:
             bias = c.const * c.const.dtype.type(beta) if beta != 1.0 else c.const
@@ -354,7 +369,7 @@ def _matmul(ctx: _Ctx) -> list[str]:
                     else None]
     if b.const is not None and b.const.ndim == 2 and a.rank is not None and a.rank >= 1:
         # np.dot equals matmul when the right operand is 2-D, and is cheaper to dispatch.
-        return [f"{ctx.outs[0]} = np.dot({a.code}, {ctx.bind(np.ascontiguousarray(b.const))})"]
+        return [f"{ctx.outs[0]} = {_dot(ctx, a.code, a.rank, b.const)}"]
     return [f"{ctx.outs[0]} = np.matmul({a.code}, {b.code})"]
 
 

@@ -43,6 +43,14 @@ def test_generated_graphs_match_onnxruntime(op: str, data: st.DataObject) -> Non
         assert any(reason in outcome for reason in EXPECTED_REFUSALS), f"{case.desc}: unexpected {outcome}"
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_small_generated_graphs_match_onnxruntime(data: st.DataObject) -> None:
+    """Chains of 2-6 operators, intermediate values as outputs too: no refusal is expected of these."""
+    case = opcases.make_chain_case(opcases.HypothesisDraw(data))
+    assert opcases.check(case) in ("match", "invalid"), case.desc
+
+
 NODE_TESTS = opcases.onnx_node_tests(supported_operators())
 
 
