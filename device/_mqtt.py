@@ -130,8 +130,9 @@ class DeviceLink:
             raise MqttLinkError(f"{o.host}:{o.port} did not answer the MQTT CONNECT within {timeout_s} s")
         if self._refused is not None:
             self.close()
-            hint = " (check --username and --password-file, and that `strata broker config --devices` lists " \
-                   f"{o.client_id!r})" if "authori" in self._refused or "password" in self._refused else ""
+            refused_credentials = "authori" in self._refused or "password" in self._refused
+            hint = (" (check --username and --password-file, and that `strata broker config --devices` lists "
+                    f"{o.username or o.client_id!r})") if refused_credentials else ""
             raise MqttLinkError(f"{o.host}:{o.port} refused the connection: {self._refused}{hint}")
         return self
 
