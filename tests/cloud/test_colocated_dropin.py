@@ -94,6 +94,19 @@ class IntObsEnv(gym.Env[int, int]):
         return 2, 0.0, self.t >= 2, False, {}
 
 
+class FrameEnv(EchoEnv):
+    """An env with an rgb_array render mode: its frame says how many steps it took."""
+
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self) -> None:
+        super().__init__(episode=100)
+        self.render_mode = "rgb_array"
+
+    def render(self) -> np.ndarray:
+        return np.full((4, 6, 3), self.t + 1, dtype=np.uint8)
+
+
 # -- 1. reset after close ---------------------------------------------------------------------------------------
 
 
@@ -424,7 +437,7 @@ def test_an_unclosed_pool_is_cleaned_up_quietly_by_the_garbage_collector() -> No
 
 
 def test_render_and_async_vector_env_constructor_arguments() -> None:
-    fns = [lambda: gym.make("CartPole-v1", render_mode="rgb_array")] * 2
+    fns = [lambda: FrameEnv()] * 2  # renders without pygame, which strata does not depend on
     pool = SharedMemoryVectorEnv(fns, True, False, "fork", False, None, "same", "SameStep", 1)
     try:
         assert (pool.shared_memory, pool.copy, pool.context, pool.daemon) == (True, False, "fork", False)
@@ -432,7 +445,7 @@ def test_render_and_async_vector_env_constructor_arguments() -> None:
         obs, _ = pool.reset(seed=0)
         assert obs is pool.observations()  # copy=False: a view of shared memory
         frames = pool.render()
-        assert len(frames) == 2 and frames[0].shape == (400, 600, 3)
+        assert len(frames) == 2 and frames[0].shape == (4, 6, 3) and frames[1][0, 0, 0] == 1
     finally:
         pool.close()
     with pytest.raises(ValueError, match=re.escape("a custom `worker` function is not supported")):
