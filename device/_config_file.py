@@ -260,14 +260,37 @@ def _toml_value(value: Any) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def to_toml(layout: ConfigLayout, values: Mapping[str, Any]) -> str:
-    """A config file for `values` (field -> value), grouped by table; None values are left out."""
+def toml_tables(tables: Mapping[str, Mapping[str, Any]]) -> str:
+    """TOML text of ``{table: {key: value}}`` (strings, numbers, booleans, lists); None values are left out."""
     lines: list[str] = []
-    for group, names in layout.groups.items():
-        present = [(n, values[n]) for n in names if values.get(n) is not None]
+    for group, table in tables.items():
+        present = [(k, v) for k, v in table.items() if v is not None]
         if not present:
             continue
         lines.append(f"[{group}]")
-        lines.extend(f"{n} = {_toml_value(v)}" for n, v in present)
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in present)
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def to_toml(layout: ConfigLayout, values: Mapping[str, Any]) -> str:
+    """A config file for `values` (field -> value), grouped by `layout`'s tables; None values are left out."""
+    return toml_tables({group: {n: values.get(n) for n in names} for group, names in layout.groups.items()})
+
+
+def write_kit(folder: Path, files: Mapping[str, bytes]) -> tuple[str, ...]:
+    """Write a provisioning kit: `folder` (0700) holding `files` (0600 each, replaced atomically).
+
+    A kit is what one node or device needs to run: its config file, its own credentials and the trusted key,
+    nothing of another's. Returns the file names, sorted.
+    """
+    from device._atomic import write_atomic
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(folder, 0o700)
+        for name, data in files.items():
+            write_atomic(folder / name, data, mode=0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the kit {folder}: {exc.strerror or exc}; choose a writable folder") from None
+    return tuple(sorted(files))

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from device._atomic import write_atomic
 from device._config_file import ConfigLayout, load_layered, read_config_file, to_toml
+from device._config_file import write_kit as write_kit_folder
 from edge._agent import EdgeAgentConfig
 from edge._errors import EdgeConfigError
 
@@ -76,30 +78,9 @@ def write_kit(out: Path, *, node: str, config: Mapping[str, Any], files: Mapping
     Paths in `config` that name one of `files` are written relative to the kit, so it works wherever it is
     copied. The folder is 0700 and every file 0600; a file already there is replaced atomically.
     """
-    kit = out / node
-    try:
-        kit.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(kit, 0o700)
-        for name, data in files.items():
-            _write_private(kit / name, data)
-        values = {"node_id": node, "cache_dir": "cache", **config}
-        _write_private(kit / KIT_CONFIG, to_toml(EDGE_LAYOUT, values).encode())
-    except OSError as exc:
-        raise EdgeConfigError(f"cannot write the kit of node {node!r} in {kit}: {exc.strerror or exc}; choose a "
-                              "writable folder") from None
-    return Kit(node=node, directory=kit, files=(*sorted(files), KIT_CONFIG))
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    values = {"node_id": node, "cache_dir": "cache", **config}
+    names = write_kit_folder(out / node, {**files, KIT_CONFIG: to_toml(EDGE_LAYOUT, values).encode()})
+    return Kit(node=node, directory=out / node, files=names)
 
 
 # ---- the systemd unit ------------------------------------------------------------------------------------------
@@ -289,8 +270,7 @@ def install(plan: InstallPlan, *, prefix: Path, user: str = SERVICE_USER, start:
                 os.chown(path, owner.pw_uid, owner.pw_gid)
         for f in plan.files:
             f.path.parent.mkdir(parents=True, exist_ok=True)
-            _write_private(f.path, f.data)
-            os.chmod(f.path, f.mode)
+            write_atomic(f.path, f.data, mode=f.mode)
             if owner is not None and f.mode == 0o600:
                 os.chown(f.path, owner.pw_uid, owner.pw_gid)
     except OSError as exc:

@@ -54,6 +54,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common(apply, full=True)
     apply.add_argument("--dry-run", action="store_true", help="print each step instead of changing AWS")
     apply.add_argument("--yes", action="store_true", help="accepted for symmetry; apply does not ask")
+    apply.add_argument("--kits", default=None, type=Path,
+                       help="also write a provisioning kit per edge node into KITS/<node>/ (edge.toml for "
+                       "mqtts://ENDPOINT:8883, the thing's certificate and key, the Amazon root CA, the trusted key; "
+                       "files 0600) for `strata edge install --kit`")
+    apply.add_argument("--trust", default=None, type=Path,
+                       help="public signing key the nodes trust (strata-signing.pub); needed with --kits")
     apply.set_defaults(func=_wrapped("apply", _apply))
 
     destroy = cmds.add_parser("destroy", help="delete every resource of the stage",
@@ -157,15 +163,27 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _apply(args: argparse.Namespace) -> int:
     from infra._deploy import apply
+    from infra._errors import DeployConfigError
     from infra._executor import DryRunExecutor
 
     config = _config(args)
+    if args.kits is not None and (args.trust is None or args.dry_run or not config.edge_nodes):
+        why = ("needs --trust PUBKEY, the signing key the nodes trust" if args.trust is None
+               else "writes files, which a --dry-run never does" if args.dry_run
+               else "needs edge nodes: pass --edge-nodes n1,n2")
+        raise DeployConfigError(f"strata infra apply: --kits {why}")
     executor = DryRunExecutor(sys.stdout) if args.dry_run else None
     the_plan = apply(config, state_dir=Path(args.state_dir), executor=executor, after_step=_progress,
                      before=lambda p: print(p.render(), flush=True))
     changed = len(the_plan.changes)
     verb = "would change" if args.dry_run else "changed"
     print(f"apply: {verb} {changed} resource(s)" if changed else "apply: nothing to do")
+    if args.kits is not None:
+        from infra._kits import write_iot_kits
+
+        for kit in write_iot_kits(args.kits, state_dir=Path(args.state_dir), stage=config.stage,
+                                  nodes=config.edge_nodes, trust=args.trust):
+            print(f"kit for {kit.name}: {kit}/ (edge.toml, certificate, key, Amazon root CA, trusted key)")
     return 0
 
 
