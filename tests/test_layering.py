@@ -28,7 +28,7 @@ BELOW: dict[str, set[str]] = {
 THIRD_PARTY: dict[str, set[str]] = {
     "device": {"numpy", "cryptography", "paho"},
     "functions": {"numpy", "cryptography", "paho", "gymnasium", "grpc", "grpc_health", "google", "awslambdaric", "lz4"},
-    "infra": {"numpy", "cryptography", "paho", "gymnasium", "grpc", "google", "boto3", "botocore"},
+    "infra": {"numpy", "cryptography", "paho", "gymnasium", "grpc", "google", "boto3", "botocore", "certifi"},
     "edge": {"numpy", "cryptography", "paho", "onnxruntime", "gymnasium", "amqtt"},
     "cloud": {"numpy", "cryptography", "paho", "onnxruntime", "gymnasium", "grpc", "google", "boto3",
               "botocore", "torch", "onnx", "rich", "matplotlib", "amqtt", "tensorboard"},
