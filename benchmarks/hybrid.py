@@ -125,10 +125,14 @@ class Services:
 
 # --- the three deployments ------------------------------------------------------------------------------------
 
+HEAVY_TARGET = [200.0]
+"""Target 20-episode mean return of the heavy env's full runs (``--heavy-target``)."""
+
+
 def _budget(env_id: str, quick: bool) -> tuple[int, float]:
     """(env-step budget, target 20-episode mean return) of a run."""
     if env_id == HEAVY_ID:
-        return (6_000, 60.0) if quick else (25_000, 200.0)
+        return (6_000, 60.0) if quick else (25_000, HEAVY_TARGET[0])
     return (12_000, 100.0) if quick else (100_000, 475.0)
 
 
@@ -362,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small budgets and low targets (a smoke run)")
     parser.add_argument("--seeds", type=int, default=1, help="seeds per deployment (default: %(default)s)")
     parser.add_argument("--work", type=Path, default=None, help="folder for the run dirs (default: a temp dir)")
+    parser.add_argument("--envs", nargs="+", choices=["cartpole", "heavy"], default=["cartpole", "heavy"],
+                        help="which envs to run (default: both; the torchrun two-node run needs cartpole)")
+    parser.add_argument("--heavy-target", type=float, default=HEAVY_TARGET[0],
+                        help="target return of the heavy env's full runs (default: %(default)s)")
     args = parser.parse_args(argv)
 
     import tempfile
@@ -370,15 +378,18 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     work = args.work or Path(tempfile.mkdtemp(prefix="strata-hybrid-bench-"))
+    HEAVY_TARGET[0] = args.heavy_target
+    env_ids = [{"cartpole": "CartPole-v1", "heavy": HEAVY_ID}[name] for name in args.envs]
     allreduce = measure_allreduce(repeats=100 if args.quick else 300)
     share = cpu_share()
     rows: list[dict[str, Any]] = []
-    for env_id in ("CartPole-v1", HEAVY_ID):
+    for env_id in env_ids:
         for seed in range(args.seeds):
             rows.append(run_single(env_id, "colocated", seed=seed, quick=args.quick, work=work / env_id))
             rows.append(run_single(env_id, "decoupled", seed=seed, quick=args.quick, work=work / env_id))
             rows.append(run_hybrid(env_id, seed=seed, quick=args.quick, work=work / env_id))
-    rows.append(run_two_nodes(seed=0, quick=args.quick, work=work / "CartPole-v1"))
+    if "CartPole-v1" in env_ids:
+        rows.append(run_two_nodes(seed=0, quick=args.quick, work=work / "CartPole-v1"))
     share = (share + cpu_share()) / 2  # load moves during a run: the mean of a probe before and after
 
     print(f"{'env':<30} {'deployment':<24} {'seed':>4} {'steps':>8} {'steps/s':>9} {'to target s':>11} "
@@ -392,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model: dict[str, Any] = {}
     cores = float(os.cpu_count() or 1)
-    for env_id in ("CartPole-v1", HEAVY_ID):
+    for env_id in env_ids:
         mine = {r["deployment"]: r for r in rows if r["env"] == env_id and r["seed"] == 0}
         costs = costs_from(mine, allreduce)
         table = {d: [predict(costs, d, h) for h in range(1, 17)] for d in ("colocated", "decoupled", "hybrid")}
