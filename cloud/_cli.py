@@ -37,21 +37,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="train a policy on a gymnasium env into a run dir",
         description="Train PPO on any registered gymnasium env with a Box observation space and a Discrete "
         "or Box action space. Writes RUN_DIR/checkpoints/{version:09d}.pt (atomically) and "
-        "RUN_DIR/metrics.jsonl; --resume continues the newest checkpoint's version lineage.",
+        "RUN_DIR/metrics.jsonl; --resume continues the newest checkpoint's version lineage. A fresh run starts from "
+        "the env's tuned preset (cloud/presets/ppo.toml, sac.toml) when there is one and says so; --preset none "
+        "uses the plain defaults.",
     )
     train.add_argument("--env", required=True, metavar="ID", help="gymnasium env id, e.g. CartPole-v1")
     train.add_argument("--algo", default="ppo", choices=["ppo", "sac"],
                        help="learning algorithm: ppo (Discrete or Box actions) or sac (Box actions; replay; "
                        "PPO's switching flags do not apply) (default: %(default)s)")
-    train.add_argument("--total-steps", type=int, required=True, metavar="N",
-                       help="env-step budget of the whole run (a resumed run stops at the same total)")
+    train.add_argument("--total-steps", type=int, default=None, metavar="N",
+                       help="env-step budget of the whole run (a resumed run stops at the same total; default: the "
+                       "preset's budget, required without one)")
+    train.add_argument("--preset", default="auto", choices=["auto", "none"],
+                       help="auto: start from the env's tuned preset in cloud/presets/ALGO.toml when there is one "
+                       "(hyperparameters, budget, solved threshold; flags given override single values); none: "
+                       "PPOConfig/SACConfig defaults (default: %(default)s)")
     train.add_argument("--run-dir", required=True, type=Path, metavar="DIR", help="folder for checkpoints and metrics")
     train.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     train.add_argument("--resume", action="store_true",
                        help="continue from the newest checkpoint in --run-dir (its hyperparameters, unless "
                        "flags below override them)")
     train.add_argument("--target-return", type=float, default=None, metavar="R",
-                       help="stop early once the mean return of the last 20 episodes reaches R")
+                       help="stop early once the mean return of the last 20 episodes reaches R (PPO; default: the "
+                       "preset's solved threshold)")
     train.add_argument("--confirm-episodes", type=int, default=20, metavar="N",
                        help="with --target-return, stop only once the deterministic policy also averages R over N "
                        "fresh episodes (0: trust the training episodes alone; default: %(default)s)")
@@ -134,6 +142,7 @@ def _train(args: argparse.Namespace) -> int:
     from cloud._checkpoint import latest_checkpoint, load_checkpoint
     from cloud._metrics import METRICS_FILE
     from cloud._ppo import PPOConfig
+    from cloud._presets import apply_preset
     from cloud._stop import StopSignal
     from cloud._switcher import SwitchRules
     from cloud._switching import SwitchingConfig
@@ -141,6 +150,7 @@ def _train(args: argparse.Namespace) -> int:
     from cloud.hybrid._cli import refuse_hybrid_flags, train_hybrid_from_args
     from device import config_from_args
 
+    apply_preset(args)
     if args.modes and args.modes[0] == "hybrid":
         return train_hybrid_from_args(args)
     refuse_hybrid_flags(args)
