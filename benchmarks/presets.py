@@ -5,8 +5,9 @@ in-process envs like SB3's DummyVecEnv, one torch thread) and SB3 (RL Baselines3
 hyperparameters for the same env, transcribed in `ZOO` below from hyperparams/ppo.yml and sac.yml at commit
 00128b5d46d497b772f3bd891ae9f520919e8971), interleaved so load changes on a shared machine hit both. Both stop
 when the mean return of their last 20 training episodes first reaches the preset's solved threshold, or at the
-budget (the Zoo's n_timesteps), and we record the env steps and wall-clock seconds to that moment (from
-constructing the learner) or, unsolved, the 20-episode mean at the budget. MuJoCo cases (SAC on HalfCheetah-v5,
+budget (the Zoo's n_timesteps), and we record the env steps, wall-clock seconds and this process's CPU seconds
+to that moment (from constructing the learner; CPU seconds vary less on a loaded machine) or, unsolved, the
+20-episode mean at the budget. MuJoCo cases (SAC on HalfCheetah-v5,
 Hopper-v5) run a fixed 100k steps and compare the mean of the last 10 training episodes.
 
     .venv/bin/python benchmarks/presets.py                      # classic control + Box2D, 3 seeds
@@ -82,14 +83,14 @@ class Window:
     def __init__(self, target: float | None) -> None:
         self.target = target
         self.returns: collections.deque[float] = collections.deque(maxlen=WINDOW)
-        self.solved: tuple[int, float] | None = None
+        self.solved: tuple[int, float, float] | None = None
 
     def add(self, episodic_return: float, step: int, started: float) -> None:
         """Count one finished episode that ended at env step `step`."""
         self.returns.append(episodic_return)
         if (self.solved is None and self.target is not None and len(self.returns) == WINDOW
                 and sum(self.returns) / WINDOW >= self.target):
-            self.solved = (step, time.perf_counter() - started)
+            self.solved = (step, time.perf_counter() - started, time.process_time())
 
     def mean(self, last: int = WINDOW) -> float:
         """Mean of the last `last` returns (NaN before any)."""
@@ -97,12 +98,13 @@ class Window:
         return sum(tail) / len(tail) if tail else float("nan")
 
 
-def result(window: Window, steps: int, started: float, *, last: int = WINDOW) -> dict[str, Any]:
-    wall = time.perf_counter() - started
+def result(window: Window, steps: int, started: float, cpu_started: float, *, last: int = WINDOW) -> dict[str, Any]:
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     if window.solved is not None:
         return {"solved": True, "steps": window.solved[0], "wall_s": round(window.solved[1], 2),
-                "return": round(window.mean(last), 1)}
-    return {"solved": False, "steps": steps, "wall_s": round(wall, 2), "return": round(window.mean(last), 1)}
+                "cpu_s": round(window.solved[2] - cpu_started, 2), "return": round(window.mean(last), 1)}
+    return {"solved": False, "steps": steps, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+            "return": round(window.mean(last), 1)}
 
 
 def run_strata(algo: str, env_id: str, seed: int, budget: int, target: float | None) -> dict[str, Any]:
@@ -110,7 +112,7 @@ def run_strata(algo: str, env_id: str, seed: int, budget: int, target: float | N
 
     preset = find_preset(algo, env_id)
     assert preset is not None, f"no {algo} preset for {env_id}"
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     if algo == "ppo":
         from cloud._train import train
 
@@ -120,10 +122,10 @@ def run_strata(algo: str, env_id: str, seed: int, budget: int, target: float | N
             out = train(env_id=env_id, total_steps=budget, run_dir=Path(run_dir), seed=seed,
                         config=preset.make_config(env_mode="sync"), target_return=target, confirm_episodes=0,
                         progress=False, log=lambda _: None)
-        wall = time.perf_counter() - started
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         solved = out.solved_at_step is not None
         return {"solved": solved, "steps": out.solved_at_step if solved else out.global_step,
-                "wall_s": round(wall, 2), "return": round(out.mean_return, 1)}
+                "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "return": round(out.mean_return, 1)}
     from cloud._sac import SACTrainer
 
     # In-process envs and replay, like SB3's.
@@ -137,7 +139,7 @@ def run_strata(algo: str, env_id: str, seed: int, budget: int, target: float | N
             for r in trainer.train_returns[seen:]:
                 window.add(r, trainer.global_step, started)
             seen = len(trainer.train_returns)
-        return result(window, trainer.global_step, started, last=WINDOW if target is not None else 10)
+        return result(window, trainer.global_step, started, cpu_started, last=WINDOW if target is not None else 10)
     finally:
         trainer.close()
 
@@ -163,7 +165,7 @@ def run_sb3(algo: str, env_id: str, seed: int, budget: int, target: float | None
     policy_kwargs = dict(kwargs.pop("policy_kwargs", {}))
     if "activation_fn" in policy_kwargs:
         policy_kwargs["activation_fn"] = getattr(torch.nn, policy_kwargs["activation_fn"])
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     window = Window(target)
 
     class Watch(BaseCallback):
@@ -182,7 +184,7 @@ def run_sb3(algo: str, env_id: str, seed: int, budget: int, target: float | None
     model = cls("MlpPolicy", envs, seed=seed, device="cpu", verbose=0, policy_kwargs=policy_kwargs or None, **kwargs)
     model.learn(total_timesteps=budget, callback=Watch())
     envs.close()
-    return result(window, model.num_timesteps, started, last=WINDOW if target is not None else 10)
+    return result(window, model.num_timesteps, started, cpu_started, last=WINDOW if target is not None else 10)
 
 
 def main() -> None:
@@ -210,7 +212,8 @@ def main() -> None:
     learners: dict[str, Callable[..., dict[str, Any]]] = {"strata": run_strata, "sb3": run_sb3}
     chosen = [name for name in args.learners.split(",") if name]
     runs: list[dict[str, Any]] = []
-    print(f"{'case':<30} {'learner':<7} {'seed':>4} {'solved':>6} {'env steps':>10} {'wall s':>8} {'return':>8}",
+    print(f"{'case':<30} {'learner':<7} {'seed':>4} {'solved':>6} {'env steps':>10} {'wall s':>8} {'cpu s':>8} "
+          f"{'return':>8}",
           flush=True)
     for case in cases:
         algo, env_id = case.split("/")
@@ -227,7 +230,7 @@ def main() -> None:
                        **learners[name](algo, env_id, seed, budget, target)}
                 runs.append(row)
                 print(f"{case:<30} {name:<7} {seed:>4} {'yes' if row['solved'] else 'no':>6} {row['steps']:>10,} "
-                      f"{row['wall_s']:>8.1f} {row['return']:>8.1f}", flush=True)
+                      f"{row['wall_s']:>8.1f} {row['cpu_s']:>8.1f} {row['return']:>8.1f}", flush=True)
     summary: dict[str, Any] = {}
     for case in cases:
         summary[case] = {}
@@ -236,10 +239,12 @@ def main() -> None:
             summary[case][name] = {"solved": f"{sum(r['solved'] for r in mine)}/{len(mine)}",
                                    "median_steps": statistics.median(r["steps"] for r in mine),
                                    "median_wall_s": round(statistics.median(r["wall_s"] for r in mine), 2),
+                                   "median_cpu_s": round(statistics.median(r["cpu_s"] for r in mine), 2),
                                    "median_return": round(statistics.median(r["return"] for r in mine), 1)}
         if {"strata", "sb3"} <= set(chosen):
             ours, theirs = summary[case]["strata"], summary[case]["sb3"]
             summary[case]["wall_ratio_strata_over_sb3"] = round(ours["median_wall_s"] / theirs["median_wall_s"], 3)
+            summary[case]["cpu_ratio_strata_over_sb3"] = round(ours["median_cpu_s"] / theirs["median_cpu_s"], 3)
             summary[case]["steps_ratio_strata_over_sb3"] = round(ours["median_steps"] / theirs["median_steps"], 3)
     print("medians per case:")
     for case, per in summary.items():

@@ -7,9 +7,10 @@ came from (mostly RL Baselines3 Zoo's tuned hyperparameter files) and whether st
 How `strata train` resolves its settings (`apply_preset`), for a fresh run:
 
 1. ``--preset none``: the plain ``PPOConfig`` / ``SACConfig`` defaults; ``--total-steps`` is required.
-2. ``--preset auto`` (the default) and the env has a preset: the preset's config fields, its budget when
-   ``--total-steps`` is not given and (PPO) its solved threshold when ``--target-return`` is not given;
-   every flag given on the command line overrides its single value. One line says which preset is used.
+2. ``--preset auto`` (the default) and the env has a preset: the preset's config fields and, when
+   ``--total-steps`` is not given, its budget and (PPO, unless ``--target-return`` is given) a stop once its
+   solved threshold is reached; a run given ``--total-steps`` trains that many steps. Every flag given on the
+   command line overrides its single value. One line says which preset is used.
 3. No preset for the env: the defaults, with a one-line note.
 
 A resumed run keeps its checkpoint's hyperparameters; only the preset's budget and solved threshold apply to it
@@ -174,14 +175,15 @@ def apply_preset(args: argparse.Namespace, *, log: Callable[[str], None] = print
                 if getattr(args, name, None) is None:
                     setattr(args, name, value)
         if args.total_steps is None:
+            # The preset's run: its budget, stopping once solved. A run given --total-steps trains that many.
             args.total_steps = preset.budget
-        if args.target_return is None and args.algo == "ppo":
-            args.target_return = preset.solved
+            if args.target_return is None and args.algo == "ppo":
+                args.target_return = preset.solved
         checked = "verified by strata" if preset.is_verified else UNVERIFIED
         what = "budget and solved threshold of preset" if args.resume else "preset"
+        stop = "" if args.target_return is None else f", stopping once the return reaches {args.target_return:g}"
         log(f"strata train: {what} {args.algo}/{args.env} ({checked}; cloud/presets/{args.algo}.toml): "
-            f"{args.total_steps:,} env steps, solved at {preset.solved:g}; flags given override it, "
-            "--preset none uses the defaults")
+            f"{args.total_steps:,} env steps{stop}; flags given override it, --preset none uses the defaults")
     if args.total_steps is None:
         why = "--preset none" if args.preset == "none" else f"no {args.algo} preset for {args.env}"
         raise ConfigError(f"train: --total-steps is required ({why}); give the env-step budget, e.g. "

@@ -70,7 +70,17 @@ def test_a_preset_fills_the_flags_that_were_not_given() -> None:
     assert (args.num_envs, args.num_steps, args.gamma, args.anneal_lr) == (16, 16, 0.99, False)
     assert (args.total_steps, args.target_return) == (preset.budget, -110.0)
     assert lines == [f"strata train: preset ppo/MountainCar-v0 ({UNVERIFIED}; cloud/presets/ppo.toml): 1,000,000 env "
-                     "steps, solved at -110; flags given override it, --preset none uses the defaults"]
+                     "steps, stopping once the return reaches -110; flags given override it, --preset none uses the "
+                     "defaults"]
+
+
+def test_a_run_given_its_budget_trains_it_without_the_presets_stop() -> None:
+    # `--total-steps N` keeps meaning "train N steps" (jobs stopped by a signal rely on it).
+    args = parse("--env", "CartPole-v1", "--total-steps", "10000000")
+    lines: list[str] = []
+    apply_preset(args, log=lines.append)
+    assert (args.total_steps, args.target_return) == (10_000_000, None)
+    assert lines[0].endswith("10,000,000 env steps; flags given override it, --preset none uses the defaults")
 
 
 def test_flags_given_override_single_values_of_the_preset() -> None:
