@@ -151,6 +151,8 @@ class Checkpointer:
         version = int(state["version"])
         if version % self.keep_every == 0:
             self._write(state, durable=True)
+            with self._cond:
+                self._drop_rolled(below=version)
         elif self._rolling:
             with self._cond:
                 self._pending = state
@@ -158,9 +160,16 @@ class Checkpointer:
 
     def _write(self, state: dict[str, Any], *, durable: bool) -> Path:
         path = self._save(self.run_dir, state, durable)
-        self._on_disk.add(int(state["version"]))
+        with self._cond:
+            self._on_disk.add(int(state["version"]))
         self.last_path = path
         return path
+
+    def _drop_rolled(self, *, below: int) -> None:
+        """Delete the rolling checkpoint once a durable one of a later version exists (caller holds the lock)."""
+        if self._rolled is not None and self._rolled < below and self._rolled % self.keep_every:
+            checkpoint_path(self.run_dir, self._rolled).unlink(missing_ok=True)
+            self._rolled = None
 
     def _writer(self) -> None:
         while True:
@@ -174,9 +183,12 @@ class Checkpointer:
             try:
                 version = int(state["version"])
                 self._save(self.run_dir, state, False)
-                previous, self._rolled = self._rolled, version
-                if previous is not None and previous != version and previous % self.keep_every:
-                    checkpoint_path(self.run_dir, previous).unlink(missing_ok=True)
+                with self._cond:
+                    previous, self._rolled = self._rolled, version
+                    if previous is not None and previous != version and previous % self.keep_every:
+                        checkpoint_path(self.run_dir, previous).unlink(missing_ok=True)
+                    # a durable checkpoint of a later version, written meanwhile, supersedes this one
+                    self._drop_rolled(below=max(self._on_disk, default=-1))
             except Exception:
                 pass
             finally:
@@ -197,10 +209,12 @@ class Checkpointer:
         if state is None:
             return None
         version = int(state["version"])
-        if version in self._on_disk and self.last_path is not None and int(self.last_path.stem) == version:
-            return self.last_path
-        with signals_held():
-            return self._write(state, durable=True)
+        if not (version in self._on_disk and self.last_path is not None and int(self.last_path.stem) == version):
+            with signals_held():
+                self._write(state, durable=True)
+        with self._cond:
+            self._drop_rolled(below=version)
+        return self.last_path
 
     def close(self) -> None:
         """Stop the rolling writer (after its current write)."""

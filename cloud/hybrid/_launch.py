@@ -5,6 +5,7 @@ The local launcher is `torch.distributed.launcher.api.elastic_launch`, the API t
 
 from __future__ import annotations
 
+import signal
 import uuid
 from typing import Any
 
@@ -69,6 +70,9 @@ def train_hybrid(spec: UnitSpec) -> HybridResult:
     launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=units, run_id=f"strata-{uuid.uuid4().hex[:12]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=spec.hybrid.max_restarts,
                           monitor_interval=0.1, start_method="spawn")
+    # The elastic agent installs its own SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers in this process and leaves them;
+    # the caller's handlers come back when the units are done, so a later SIGTERM is the caller's again.
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
     try:
         outputs: dict[int, Any] = elastic_launch(launch, run_unit)(spec.replace(hybrid=_fixed_units(spec, units)))
     except ChildFailedError as exc:
@@ -80,6 +84,10 @@ def train_hybrid(spec: UnitSpec) -> HybridResult:
         # The launcher passed the signal on; the units stopped at their next update boundary and rank 0
         # wrote the final checkpoint (it said where). The caller sees an interruption, as from Ctrl-C.
         raise KeyboardInterrupt from None
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:
+                signal.signal(sig, handler)
     result: HybridResult = outputs[0]
     return result
 
