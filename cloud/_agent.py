@@ -9,12 +9,17 @@ the exported graph computes exactly what acted.
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from cloud._ppo import PPOConfig
 
 
 def _layer(in_features: int, out_features: int, *, std: float) -> nn.Linear:
@@ -151,3 +156,28 @@ class ObsNormalizer:
         self.count = float(state["count"])  # type: ignore[arg-type]
         self.clip, self.epsilon = float(state["clip"]), float(state["epsilon"])  # type: ignore[arg-type]
         self.enabled = bool(state["enabled"])
+
+
+def build_learner(obs_space: Any, action_space: Any, config: PPOConfig, state: dict[str, Any] | None
+                  ) -> tuple[Agent, torch.optim.Optimizer, ObsNormalizer, collections.deque[float]]:
+    """The PPO learner for these gymnasium spaces: agent, Adam, normaliser and recent returns, from `state` if given.
+
+    One construction for the single learner (`cloud._train`) and every hybrid unit (`cloud.hybrid`), so both
+    build (and resume) the same networks with the same optimiser settings.
+    """
+    import gymnasium as gym
+
+    discrete = isinstance(action_space, gym.spaces.Discrete)
+    action_dim = int(action_space.n) if discrete else int(np.prod(action_space.shape or ()))
+    agent = Agent(obs_dim=int(np.prod(obs_space.shape)), action_dim=action_dim, discrete=discrete,
+                  hidden_sizes=config.hidden_sizes, init_log_std=config.init_log_std)
+    # fused: one kernel for all parameters; on these tiny nets it cuts ~25% of the CPU time of a gradient step.
+    optimizer = torch.optim.Adam(agent.parameters(), lr=config.learning_rate, eps=1e-5, fused=True)
+    normalizer = ObsNormalizer(obs_space.shape, clip=config.obs_clip, enabled=config.normalize_obs)
+    recent: collections.deque[float] = collections.deque(maxlen=100)
+    if state:
+        agent.load_state_dict(state["agent"])
+        optimizer.load_state_dict(state["optimizer"])
+        normalizer.load_state_dict(state["normalizer"])
+        recent.extend(float(r) for r in state["recent_returns"])
+    return agent, optimizer, normalizer, recent

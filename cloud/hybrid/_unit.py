@@ -8,7 +8,6 @@ broadcast of rank 0's decision (stop, switch).
 
 from __future__ import annotations
 
-import collections
 import copy
 import json
 import os
@@ -173,7 +172,7 @@ def run_unit(spec: UnitSpec) -> HybridResult:
     """Train as one unit of the group torchrun (or `cloud.hybrid.train_hybrid`) started; return what it saw."""
     torch = require("torch", extra="cloud", purpose="the PPO learner")
     gym = require("gymnasium", extra="cloud", purpose="training environments")
-    from cloud._agent import Agent, ObsNormalizer
+    from cloud._agent import build_learner
     from cloud._envs import probe_spaces
     from cloud._metrics import MetricsWriter
     from cloud._ppo import ppo_update
@@ -195,19 +194,8 @@ def run_unit(spec: UnitSpec) -> HybridResult:
     torch.manual_seed(seed + 7919 * version)  # the same on every unit: identical initial weights
     obs_space, action_space = probe_spaces(spec.env_id)
     assert isinstance(obs_space, gym.spaces.Box)
-    discrete = isinstance(action_space, gym.spaces.Discrete)
-    action_dim = int(action_space.n) if discrete else int(np.prod(action_space.shape or ()))
     obs_dim = int(np.prod(obs_space.shape))
-    agent = Agent(obs_dim=obs_dim, action_dim=action_dim, discrete=discrete, hidden_sizes=config.hidden_sizes,
-                  init_log_std=config.init_log_std)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=config.learning_rate, eps=1e-5, fused=True)
-    normalizer = ObsNormalizer(obs_space.shape, clip=config.obs_clip, enabled=config.normalize_obs)
-    recent: collections.deque[float] = collections.deque(maxlen=100)
-    if state:
-        agent.load_state_dict(state["agent"])
-        optimizer.load_state_dict(state["optimizer"])
-        normalizer.load_state_dict(state["normalizer"])
-        recent.extend(float(r) for r in state["recent_returns"])
+    agent, optimizer, normalizer, recent = build_learner(obs_space, action_space, config, state)
     # From here on every unit draws its own actions and minibatches, and steps its own env streams.
     torch.manual_seed(seed + 7919 * version + 1_000_033 * (rank + 1))
     generator = np.random.default_rng([seed, version, rank])
