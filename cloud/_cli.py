@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     train.add_argument("--env", required=True, metavar="ID", help="gymnasium env id, e.g. CartPole-v1")
     train.add_argument("--algo", default="ppo", choices=["ppo", "sac"],
                        help="learning algorithm: ppo (Discrete or Box actions) or sac (Box actions; replay; "
-                       "PPO's switching flags do not apply) (default: %(default)s)")
+                       "one mode, so switching flags are refused) (default: %(default)s)")
     train.add_argument("--total-steps", type=int, default=None, metavar="N",
                        help="env-step budget of the whole run (a resumed run stops at the same total; default: the "
                        "preset's budget, required without one)")
@@ -60,11 +60,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     train.add_argument("--target-return", type=float, default=None, metavar="R",
                        help="stop early once the mean return of the last 20 episodes reaches R (PPO; default: the "
                        "preset's solved threshold)")
-    train.add_argument("--confirm-episodes", type=int, default=20, metavar="N",
+    train.add_argument("--confirm-episodes", type=int, default=None, metavar="N",
                        help="with --target-return, stop only once the deterministic policy also averages R over N "
-                       "fresh episodes (0: trust the training episodes alone; default: %(default)s)")
+                       "fresh episodes (0: trust the training episodes alone; default: 20; PPO only)")
     train.add_argument("--checkpoint-every", type=int, default=100, metavar="UPDATES",
-                       help="also checkpoint every this many updates (default: %(default)s); the last always is")
+                       help="also checkpoint every this many updates (SAC: commits of --log-every env steps; "
+                       "default: %(default)s); every stop writes one")
     add_config_arguments(train.add_argument_group("PPO hyperparameters (PPOConfig)"), PPOConfig)
     add_config_arguments(train.add_argument_group("SAC hyperparameters (SACConfig, --algo sac)"), SACConfig,
                          skip={f.name for f in dataclasses.fields(PPOConfig)})
@@ -150,6 +151,7 @@ def _train(args: argparse.Namespace) -> int:
     from cloud.hybrid._cli import refuse_hybrid_flags, train_hybrid_from_args
     from device import config_from_args
 
+    _refuse_flags_of_the_other_algo(args)  # what was typed, before a preset fills in its values
     apply_preset(args)
     if args.modes and args.modes[0] == "hybrid":
         return train_hybrid_from_args(args)
@@ -166,7 +168,8 @@ def _train(args: argparse.Namespace) -> int:
     try:
         result = train(env_id=args.env, total_steps=args.total_steps, run_dir=args.run_dir, seed=args.seed,
                        config=config, resume=args.resume, target_return=args.target_return,
-                       confirm_episodes=args.confirm_episodes, checkpoint_every=args.checkpoint_every,
+                       confirm_episodes=20 if args.confirm_episodes is None else args.confirm_episodes,
+                       checkpoint_every=args.checkpoint_every,
                        switching=config_from_args(SwitchingConfig, args), rules=config_from_args(SwitchRules, args),
                        resume_command=_resume_command(args))
     except StopSignal as stop:
@@ -197,14 +200,57 @@ def _resume_command(args: argparse.Namespace) -> str:
     return shlex.join(["strata", *argv])
 
 
+def _refuse_flags_of_the_other_algo(args: argparse.Namespace) -> None:
+    """A flag the chosen learner does not use is an error, never silently ignored."""
+    import dataclasses
+
+    from cloud._ppo import PPOConfig
+    from cloud._sac import SACConfig
+    from cloud._switcher import SwitchRules
+    from cloud._switching import SwitchingConfig
+    from device import ConfigError
+
+    ppo = {f.name for f in dataclasses.fields(PPOConfig)}
+    sac = {f.name for f in dataclasses.fields(SACConfig)}
+    if args.algo == "sac":
+        unused = (ppo - sac) | {f.name for f in dataclasses.fields(SwitchingConfig) if f.name != "control"}
+        unused |= {f.name for f in dataclasses.fields(SwitchRules)} | {"target_return", "confirm_episodes"}
+        why = ("SAC runs in one mode (--env-mode) without live switching or an early stop; drop them or use "
+               "--algo ppo")
+    else:
+        unused = sac - ppo
+        why = "they are SAC hyperparameters; drop them or pass --algo sac"
+    given = sorted(name for name in unused if getattr(args, name, None) is not None)
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ConfigError(f"train: --algo {args.algo} does not use {flags}: {why}")
+
+
 def _train_sac(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from cloud._checkpoint import latest_checkpoint, load_checkpoint
     from cloud._sac import SACConfig, train_sac
+    from cloud._stop import StopSignal
     from device import config_from_args
 
-    result = train_sac(config_from_args(SACConfig, args), env_id=args.env, run_dir=args.run_dir, seed=args.seed,
-                       total_steps=args.total_steps)
-    print(f"strata train: {args.env}: SAC, {args.total_steps:,} env steps, exported policy's mean evaluation "
-          f"return {result.mean_eval_return:.1f}; outputs in {args.run_dir}")
+    config = config_from_args(SACConfig, args)
+    newest = latest_checkpoint(args.run_dir) if args.resume else None
+    if newest is not None:  # the checkpoint's hyperparameters, unless flags override them
+        state = load_checkpoint(newest)
+        if state.get("algo") == "sac":  # else train_sac refuses with the reason
+            given = {f.name for f in dataclasses.fields(SACConfig) if getattr(args, f.name, None) is not None}
+            config = dataclasses.replace(SACConfig.from_dict(state["config"]),
+                                         **{k: getattr(config, k) for k in given})
+    try:
+        result = train_sac(config, env_id=args.env, run_dir=args.run_dir, seed=args.seed,
+                           total_steps=args.total_steps, resume=args.resume, checkpoint_every=args.checkpoint_every,
+                           control=args.control is not False, resume_command=_resume_command(args))
+    except StopSignal as stop:
+        return stop.exit_status
+    print(f"strata train: {args.env}: SAC, {result.global_step:,} env steps, exported policy's mean evaluation "
+          f"return {result.mean_eval_return:.1f}; checkpoint {latest_checkpoint(args.run_dir)}; outputs in "
+          f"{args.run_dir}")
     return 0
 
 

@@ -202,6 +202,9 @@ def export_run(run_dir: Path, *, signing_key: SigningKey, version: int | None = 
             raise ConfigError(f"export_run: run dir {str(run_dir)!r} has no checkpoint of version {version}; "
                               f"it has {have}")
         state = load_checkpoint(path)
+    if state.get("algo") == "sac":
+        return _export_sac(run_dir, state, signing_key=signing_key, policy=policy, target_tier=target_tier,
+                           ttl_s=ttl_s)
     config = PPOConfig.from_dict(state["config"])
     obs_space, action_space = state["observation_space"], state["action_space"]
     discrete = action_space["type"] == "Discrete"
@@ -236,6 +239,39 @@ def export_run(run_dir: Path, *, signing_key: SigningKey, version: int | None = 
     )
     return ExportResult(bundle=bundle, checkpoint=checkpoint_path(run_dir, policy_version), max_abs_diff=max_abs_diff)
 
+
+def _export_sac(run_dir: Path, state: dict[str, Any], *, signing_key: SigningKey, policy: str | None,
+                target_tier: Literal["edge", "device", "any"], ttl_s: float | None) -> ExportResult:
+    """`export_run` of a SAC checkpoint: the deterministic actor (``tanh(mean)`` scaled to the bounds)."""
+    import onnx
+    import torch
+
+    from cloud._sac import _build_networks
+
+    obs_space, action_space = state["observation_space"], state["action_space"]
+    obs_shape = tuple(int(d) for d in obs_space["shape"])
+    low, high = (np.asarray(b, dtype=np.float64).reshape(-1) for b in space_bounds(action_space))
+    hidden = tuple(int(h) for h in state["config"]["hidden_sizes"])
+    actor_cls, _, policy_cls = _build_networks(int(np.prod(obs_shape)), int(low.size), hidden, low, high)
+    actor = actor_cls()
+    actor.load_state_dict(state["actor"])
+    graph = policy_cls(actor).eval()
+    model = export_onnx(graph, obs_shape=obs_shape, action_space=action_space)
+    max_abs_diff = verify_onnx(model, graph, obs_space=obs_space, action_space=action_space)
+    policy_version = int(state["version"])
+    older = [int(p.stem) for p in list_checkpoints(run_dir) if int(p.stem) < policy_version]
+    bundle = build_bundle(
+        model, policy=policy or default_policy_name(state["env_id"]), version=max(policy_version, 1),
+        parent_version=max(older) if older else None, observation_space=obs_space, action_space=action_space,
+        preprocessing={"in_graph": True, "obs_normalization": {"enabled": False}, "action": "tanh_mean_scaled",
+                       "action_scale": ((high - low) / 2.0).tolist(), "action_bias": ((high + low) / 2.0).tolist()},
+        signing_key=signing_key, target_tier=target_tier, ttl_s=ttl_s,
+        producer={"torch": torch.__version__, "onnx": onnx.__version__, "algo": "sac", "env_id": state["env_id"],
+                  "exporter": f"torch.onnx.export(dynamo=False, opset_version={OPSET})",
+                  "global_step": str(state["global_step"])},
+        output_names=output_names(action_space),
+    )
+    return ExportResult(bundle=bundle, checkpoint=checkpoint_path(run_dir, policy_version), max_abs_diff=max_abs_diff)
 
 
 def write_bundle(path: Path, bundle: Bundle) -> None:

@@ -11,12 +11,19 @@ the absolute TD errors go back to the replay as priorities.
 replay can be swapped mid-run (`SACTrainer.switch_replay`) from one deployment to another without
 losing a transition. `train_sac` runs it and exports the deterministic policy
 (``tanh(mean)`` scaled to the action bounds) as a verified ONNX graph and, given a key, a signed bundle.
+
+`train_sac` checkpoints like PPO (`cloud._stop`): every `SACConfig.log_every` env steps is a commit
+(policy version = env steps), kept every ``checkpoint_every`` commits, written on every stop; a checkpoint
+holds the actor, the twin critics and their targets, the three optimisers, the temperature, the step
+counters, the sampler's state and the replay's contents, so ``--resume`` continues the same run. Env
+state is not checkpointed: a resumed run starts a fresh episode.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 import time
 from collections.abc import Callable
@@ -125,6 +132,16 @@ class SACConfig:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready field values."""
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> SACConfig:
+        """Inverse of `to_dict`; unknown keys are an error."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ConfigError(f"SACConfig.from_dict: unknown fields {unknown}; known: {sorted(names)}")
+        kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        return cls(**kwargs)
 
 
 # -- pure loss functions ---------------------------------------------------------------------------------
@@ -368,6 +385,47 @@ class SACTrainer:
         self._episode_return = 0.0
         self.last_metrics: dict[str, float] = {}
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs, as tensors and plain values (readable with ``weights_only``)."""
+        import json
+
+        from cloud._stop import clone_state
+
+        meta, arrays = self.replay.export_state()
+        torch = self.torch
+        return {
+            **clone_state({
+                "actor": self.actor.state_dict(), "qf": self.qf.state_dict(), "qf_target": self.qf_target.state_dict(),
+                "q_optimizer": self.q_optimizer.state_dict(), "actor_optimizer": self.actor_optimizer.state_dict(),
+                "a_optimizer": self.a_optimizer.state_dict(), "log_alpha": self.log_alpha,
+            }),
+            "alpha": float(self.alpha), "global_step": int(self.global_step),
+            "gradient_steps": int(self.gradient_steps),
+            "rng": json.loads(json.dumps(self.rng.bit_generator.state)), "train_returns": list(self.train_returns),
+            "replay_meta": json.loads(json.dumps(meta)),
+            "replay": {k: torch.from_numpy(np.array(v)) for k, v in arrays.items()},  # own, writable copies
+        }
+
+    def load_state_dict(self, state: dict[str, Any], *, seed: int) -> None:
+        """Continue from `state_dict` output: same networks, optimisers, counters and replay; a fresh episode."""
+        torch = self.torch
+        self.actor.load_state_dict(state["actor"])
+        self.qf.load_state_dict(state["qf"])
+        self.qf_target.load_state_dict(state["qf_target"])
+        self.q_optimizer.load_state_dict(state["q_optimizer"])
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.a_optimizer.load_state_dict(state["a_optimizer"])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        self.alpha = float(state["alpha"])
+        self.global_step = int(state["global_step"])
+        self.gradient_steps = int(state["gradient_steps"])
+        self.rng.bit_generator.state = state["rng"]
+        self.train_returns = [float(r) for r in state["train_returns"]]
+        self.replay.load_state(state["replay_meta"], {k: v.numpy() for k, v in state["replay"].items()})
+        self.obs, _ = self.envs.reset(seed=seed + 104729 * max(self.global_step, 1))
+        self._episode_return = 0.0
+
     def _make_replay(self, seed: int) -> Replay:
         cfg = self.config
         if cfg.replay == "grpc" and not cfg.replay_address:
@@ -559,56 +617,154 @@ def evaluate_onnx_policy(model: bytes, *, env_id: str, episodes: int, seed: int)
         env.close()
 
 
-def train_sac(config: SACConfig, *, env_id: str, run_dir: Path, seed: int, total_steps: int,
+def train_sac(config: SACConfig | None, *, env_id: str, run_dir: Path, seed: int, total_steps: int,
               signing_key: SigningKey | None = None, policy: str | None = None,
-              log: Callable[[str], None] = print) -> SACResult:
-    """Train SAC for `total_steps` env steps, export the deterministic policy and evaluate the export.
+              log: Callable[[str], None] = print, resume: bool = False, checkpoint_every: int = 100,
+              control: bool = False, resume_command: str | None = None) -> SACResult:
+    """Train SAC until `total_steps` env steps (over the run), export the deterministic policy and evaluate it.
 
-    Writes ``RUN_DIR/metrics.jsonl`` (CleanRL-style names), ``RUN_DIR/policy.onnx`` and, with a
-    `signing_key`, ``RUN_DIR/bundles/000000001.bundle``; every file goes through a temp file and a rename.
+    Writes ``RUN_DIR/checkpoints/{step:09d}.pt`` (see the module docstring), ``RUN_DIR/metrics.jsonl``
+    (CleanRL-style names), ``RUN_DIR/policy.onnx`` and, with a `signing_key`,
+    ``RUN_DIR/bundles/{step:09d}.bundle``; every file goes through a temp file and a rename.
 
     Args:
-        config: Hyperparameters (including the replay deployment).
+        config: Hyperparameters (including the replay deployment); with `resume`, None means the checkpoint's.
         env_id: Gymnasium env id with Box observations and bounded Box actions.
         run_dir: Output folder (created).
         seed: Seeds torch, the env, the replay sampler and the evaluation episodes.
-        total_steps: Env steps to train.
+        total_steps: Env-step budget of the whole run; a resumed run stops at the same total.
         signing_key: Signs the exported bundle; None exports the ONNX graph only.
         policy: Bundle policy name; None derives it from `env_id`.
         log: Where progress lines go.
+        resume: Continue from the newest checkpoint in `run_dir` (it must exist).
+        checkpoint_every: Keep a checkpoint every this many commits (of `SACConfig.log_every` steps each).
+        control: Serve the control endpoint (`strata status`, `strata runs`; SAC has one mode, so
+            `strata switch` is refused).
+        resume_command: The command the stop line tells the user to run.
+
+    Raises:
+        ConfigError: Bad arguments, a fresh run into a dir that already holds a run (checkpoints or a
+            policy.onnx: never overwritten), or a resume without a SAC checkpoint.
     """
+    from cloud._checkpoint import latest_checkpoint, load_checkpoint
+    from cloud._control import SWITCHES_FILE
     from cloud._export import default_policy_name
-    from cloud._metrics import MetricsWriter
+    from cloud._metrics import METRICS_FILE, MetricsWriter
+    from cloud._stop import Checkpointer, stop_line, stop_signals, trim_jsonl
 
     if total_steps < 1:
         raise ConfigError(f"train_sac: total_steps must be >= 1, got {total_steps}")
+    if checkpoint_every < 1:
+        raise ConfigError(f"train_sac: checkpoint_every must be >= 1, got {checkpoint_every}")
     run_dir = Path(run_dir)
+    newest = latest_checkpoint(run_dir)
+    state: dict[str, Any] | None = None
+    if resume:
+        if newest is None:
+            left = " (it holds a policy.onnx of a run that wrote no checkpoints; it is not overwritten)" \
+                if (run_dir / "policy.onnx").exists() else ""
+            raise ConfigError(f"train_sac: --resume given but run dir {str(run_dir)!r} has no checkpoint{left}; "
+                              "drop --resume and choose a new --run-dir")
+        state = load_checkpoint(newest)
+        if state.get("algo") != "sac":
+            raise ConfigError(f"train_sac: run dir {str(run_dir)!r} holds a {state.get('algo', 'ppo')!r} run; "
+                              f"resume it with --algo {state.get('algo', 'ppo')}")
+        if state["env_id"] != env_id:
+            raise ConfigError(f"train_sac: run dir {str(run_dir)!r} trains {state['env_id']!r}, not {env_id!r}; "
+                              f"resume with --env {state['env_id']}")
+        config = config or SACConfig.from_dict(state["config"])
+        stop_at = int(state["version"])
+        trim_jsonl(run_dir / METRICS_FILE, lambda r: int(r.get("policy_version", 0)) <= stop_at)
+        trim_jsonl(run_dir / SWITCHES_FILE, lambda r: int(r.get("at_version", 0)) <= stop_at)
+    elif newest is not None or (run_dir / "policy.onnx").exists():
+        raise ConfigError(f"train_sac: run dir {str(run_dir)!r} already holds a run; pass --resume to continue it "
+                          "or choose another --run-dir (a trained policy is never overwritten)")
+    config = config or SACConfig()
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    trainer = SACTrainer(config, env_id=env_id, seed=seed, total_steps=total_steps)
-    try:
-        with MetricsWriter(run_dir, tensorboard=False) as metrics:
-            def on_log(step: int, values: dict[str, float]) -> None:
-                metrics.log(global_step=step, policy_version=0, values=values)
-                log(f"sac {env_id} step {step}/{total_steps} return {values['charts/episodic_return']:.1f} "
-                    f"{values['perf/env_steps_per_s']:.0f} steps/s")
+    start_version = int(state["version"]) if state else 0
+    trainer = SACTrainer(config, env_id=env_id, seed=seed + 7919 * start_version, total_steps=total_steps)
+    checkpointer = Checkpointer(run_dir, keep_every=checkpoint_every * config.log_every, start_version=start_version)
+    resume_command = resume_command or (f"strata train --algo sac --env {env_id} --run-dir {run_dir} --total-steps "
+                                        f"{total_steps} --resume")
+    server: Any = None
+    status: dict[str, Any] = {"env_id": env_id, "run_dir": str(run_dir), "algo": "sac", "mode": config.env_mode,
+                              "modes": [config.env_mode], "state": "starting", "workers": 1, "last_switch": None,
+                              "switches": 0}
+    with stop_signals():
+        try:
+            if state is not None:
+                trainer.load_state_dict(state, seed=seed)
+            with (run_dir / SWITCHES_FILE).open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"from_mode": None, "to_mode": config.env_mode, "reason": "initial mode",
+                                    "trigger": "start", "at_step": trainer.global_step,
+                                    "at_version": trainer.global_step, "pause_s": 0.0}) + "\n")
+            if control:
+                from cloud._control import ControlServer
 
-            trainer.run(total_steps, on_log=on_log)
-            model = trainer.export_onnx()
-            _write_atomic(run_dir / "policy.onnx", model)
-            bundle = None
-            if signing_key is not None:
-                bundle = trainer.build_bundle(model, signing_key=signing_key,
-                                              policy=policy or default_policy_name(env_id))
-                _write_atomic(run_dir / "bundles" / f"{bundle.manifest.version:09d}.bundle", bundle.to_bytes())
-            eval_returns = evaluate_onnx_policy(model, env_id=env_id, episodes=config.eval_episodes, seed=seed + 10_000)
-            metrics.log(global_step=trainer.global_step, policy_version=1,
-                        values={"eval/mean_return": float(np.mean(eval_returns)) if eval_returns else math.nan})
-        return SACResult(run_dir=run_dir, global_step=trainer.global_step, wall_s=time.perf_counter() - started,
-                         eval_returns=eval_returns, train_returns=list(trainer.train_returns), model=model,
-                         bundle=bundle, replay=trainer.replay.stats())
-    finally:
-        trainer.close()
+                server = ControlServer(run_dir, _SACControl(status)).start()
+            spaces = {"observation_space": trainer.observation_space, "action_space": trainer.action_space}
+            with MetricsWriter(run_dir, tensorboard=False) as metrics:
+                def on_log(step: int, values: dict[str, float]) -> None:
+                    window = trainer.train_returns[-20:]
+                    values["charts/mean_return_20"] = float(np.mean(window)) if window else math.nan
+                    metrics.log(global_step=step, policy_version=step, values=values)
+                    status.update(state="training", step=step, policy_version=step,
+                                  mean_return=None if not window else values["charts/mean_return_20"],
+                                  env_steps_per_s=values["perf/env_steps_per_s"])
+                    checkpointer.commit({"algo": "sac", "env_id": env_id, "seed": seed, "version": step,
+                                         "config": config.to_dict(), **spaces, **trainer.state_dict()})
+                    log(f"sac {env_id} step {step}/{total_steps} return {values['charts/episodic_return']:.1f} "
+                        f"{values['perf/env_steps_per_s']:.0f} steps/s")
+
+                trainer.run(total_steps, on_log=on_log)
+                if checkpointer.version != trainer.global_step:  # the budget is not a multiple of log_every
+                    checkpointer.commit({"algo": "sac", "env_id": env_id, "seed": seed,
+                                         "version": trainer.global_step, "config": config.to_dict(), **spaces,
+                                         **trainer.state_dict()})
+                checkpointer.final()
+                model = trainer.export_onnx()
+                _write_atomic(run_dir / "policy.onnx", model)
+                bundle = None
+                if signing_key is not None:
+                    bundle = trainer.build_bundle(model, signing_key=signing_key,
+                                                  policy=policy or default_policy_name(env_id),
+                                                  version=max(trainer.global_step, 1))
+                    _write_atomic(run_dir / "bundles" / f"{bundle.manifest.version:09d}.bundle", bundle.to_bytes())
+                eval_returns = evaluate_onnx_policy(model, env_id=env_id, episodes=config.eval_episodes,
+                                                    seed=seed + 10_000)
+                metrics.log(global_step=trainer.global_step, policy_version=trainer.global_step,
+                            values={"eval/mean_return": float(np.mean(eval_returns)) if eval_returns else math.nan})
+            return SACResult(run_dir=run_dir, global_step=trainer.global_step, wall_s=time.perf_counter() - started,
+                             eval_returns=eval_returns, train_returns=list(trainer.train_returns), model=model,
+                             bundle=bundle, replay=trainer.replay.stats())
+        except BaseException as exc:
+            path = checkpointer.final()
+            committed = checkpointer.committed
+            log(stop_line(what="strata train", exc=exc, path=path, version=checkpointer.version,
+                          step=int(committed["global_step"]) if committed else trainer.global_step,
+                          resume_command=resume_command))
+            raise
+        finally:
+            checkpointer.close()
+            if server is not None:
+                server.stop()
+            trainer.close()
+
+
+class _SACControl:
+    """The control endpoint's view of a SAC run: a status snapshot; switches are refused (one mode)."""
+
+    def __init__(self, status: dict[str, Any]) -> None:
+        self._status = status
+
+    def status(self) -> dict[str, Any]:
+        return dict(self._status)
+
+    def switch(self, to: str, *, reason: str) -> dict[str, Any]:
+        from cloud._control import SwitchRefused
+
+        raise SwitchRefused(f"a SAC run has one mode ({self._status['mode']}); live switching is for PPO runs")
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
