@@ -14,6 +14,13 @@ updates it calls `Switcher.at_boundary`, where a switch happens:
            most once per update, so the name is unique, also across a resumed run)
     SWITCHING ──> RUNNING(b), the pause and the reason recorded in `SwitchEvent`
 
+A source that fails for good while it collects (a dead env service with no spare, a dead function
+runtime, crashed pool workers: any `StrataError`) is failed over at once to another configured mode that
+has not failed, on the same policy version: the update is collected again there, the failed source is
+closed (a later switch to its mode starts it afresh), and the move is logged and recorded as an
+automatic switch whose reason starts with ``failover:``. Only when no mode is left does the error
+reach the learner, whose stop path checkpoints the last completed update.
+
 Manual requests (`strata switch`) and automatic rules (`SwitchRules`) go through the same path. A
 manual switch is an override: the automatic rules stay quiet for the rest of the run (an operator who
 moved the run does not want the phase schedule to move it back), which the log says when it happens.
@@ -23,6 +30,7 @@ and what the learner consumed, so a loss or a duplicate is visible.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import defaultdict
@@ -35,7 +43,7 @@ import numpy as np
 
 from cloud._control import SwitchRefused
 from cloud._errors import CloudError
-from device import ConfigError, RolloutBatch
+from device import ConfigError, RolloutBatch, StrataError
 
 
 class SwitchError(CloudError):
@@ -213,6 +221,9 @@ class Switcher:
         self._returns: list[float] = []
         self.mode = initial
         self.history: list[SwitchEvent] = []
+        self._produced_before = 0  # by sources closed after a failure
+        self.failovers = 0
+        """Automatic moves away from a failed source (each is also in `history`)."""
         self.accounting = Accounting()
         self._last_switch_update: int | None = None
         self._source(initial).restart(incarnation=first_version)
@@ -238,16 +249,50 @@ class Switcher:
         return sorted(self._builders)
 
     def collect(self, *, policy_version: int, global_step: int) -> tuple[RolloutBatch, list[Any]]:
-        """One update's batch from the active source, counted as consumed."""
-        parts, episodes = self.active.collect(policy_version=policy_version, global_step=global_step)
+        """One update's batch from the active source, counted as consumed; a failed source is failed over."""
+        failed: list[str] = []
+        while True:
+            try:
+                parts, episodes = self.active.collect(policy_version=policy_version, global_step=global_step)
+                break
+            except StrataError as exc:
+                failed.append(self.mode)
+                self._fail_over(exc, failed, step=global_step, version=policy_version)
         for part in parts:
             self.accounting.consume(part)
         batch = parts[0] if len(parts) == 1 else RolloutBatch.concat_envs(parts, source=self.mode)
         return batch, episodes
 
+    def _fail_over(self, exc: StrataError, failed: list[str], *, step: int, version: int) -> None:
+        """Move from the failed active source to the first configured mode that has not failed; else re-raise."""
+        broken = self.mode
+        source = self._sources.pop(broken)
+        self._produced_before += source.produced()
+        with contextlib.suppress(Exception):  # its processes may be dead already; closing must not mask `exc`
+            source.close()
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        for to in [m for m in self._builders if m not in failed]:
+            started = time.perf_counter()
+            try:
+                self._source(to).restart(incarnation=version)
+            except Exception as start_exc:  # the next mode may still work
+                self._log(f"switcher: failover to {to} failed while starting it: {start_exc}")
+                failed.append(to)
+                continue
+            self.mode = to
+            event = SwitchEvent(from_mode=broken, to_mode=to, reason=f"failover: {broken} failed: {first_line[:300]}",
+                                trigger="auto", at_step=step, at_version=version,
+                                pause_s=time.perf_counter() - started)
+            self.history.append(event)
+            self.failovers += 1
+            self._log(f"switcher: {broken} -> {to} at step {step:,} (v{version}, auto): {event.reason}; "
+                      f"pause {event.pause_s * 1000:.0f} ms")
+            return
+        raise exc
+
     def produced(self) -> int:
         """Transitions every source has produced."""
-        return sum(s.produced() for s in self._sources.values())
+        return self._produced_before + sum(s.produced() for s in self._sources.values())
 
     # -- requests ----------------------------------------------------------------------------------
 

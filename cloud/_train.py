@@ -202,6 +202,7 @@ def train(
             last_confirm = -CONFIRM_EVERY
             started = time.perf_counter()
             start_step = global_step
+            recorded = 0  # switcher.history entries already in switches.jsonl
             display = _Progress(total_steps, start_step, enabled=sys.stdout.isatty() if progress is None else progress,
                                 log=log, env_id=env_id)
             with MetricsWriter(run_dir) as metrics, display:
@@ -226,11 +227,11 @@ def train(
                     values["charts/mean_return_20"] = mean_return
                     values["charts/learning_rate"] = float(optimizer.param_groups[0]["lr"])
                     values["perf/env_steps_per_s"] = (global_step - start_step) / max(elapsed, 1e-9)
-                    event = switcher.at_boundary(step=global_step, version=version, update=version,
-                                                 mean_return=mean_return)
-                    if event is not None:
+                    switcher.at_boundary(step=global_step, version=version, update=version, mean_return=mean_return)
+                    for event in switcher.history[recorded:]:  # failovers during collect, then a switch here
                         values["switch/pause_s"] = event.pause_s
                         _append_jsonl(run_dir / SWITCHES_FILE, event.to_dict())
+                    recorded = len(switcher.history)
                     metrics.log(global_step=global_step, policy_version=version, values=values)
                     display.update(global_step, mean_return, values["perf/env_steps_per_s"], mode=switcher.mode)
                     if control is not None:

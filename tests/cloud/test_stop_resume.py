@@ -264,3 +264,62 @@ def test_nothing_outlives_the_trainer_in_any_mode(signum: int, tmp_path: Path) -
     if signum == signal.SIGTERM:
         assert "stopped by SIGTERM" in out
     assert_resumes_exactly(run)
+
+
+# -- a dead env service ----------------------------------------------------------------------------------
+
+
+def kill_one_env_service(proc: subprocess.Popen[str]) -> int:
+    services = [pid for pid in descendants(proc.pid) if "envs serve" in cmdline(pid)]
+    assert services, "the decoupled mode's env services"
+    os.kill(services[0], signal.SIGKILL)
+    return services[0]
+
+
+def switch_records(run: Path) -> list[dict[str, Any]]:
+    path = run / "switches.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_dead_env_service_fails_over_to_colocated_and_is_logged(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = start_train(run, "--modes", "decoupled", "colocated")
+    try:
+        wait_for(lambda: metric_lines(run) >= 3, "three updates in the decoupled mode")
+        kill_one_env_service(proc)
+        failover = wait_for(lambda: [r for r in switch_records(run) if r["trigger"] == "auto"], "the failover")
+        at = metric_lines(run)
+        wait_for(lambda: metric_lines(run) >= at + 3, "three updates after the failover")
+        children = descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        out, err = stopped(proc, run)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err
+    [event] = failover
+    assert (event["from_mode"], event["to_mode"]) == ("decoupled", "colocated")
+    assert event["reason"].startswith("failover: decoupled failed: ")
+    assert "switcher: decoupled -> colocated at step" in out and "auto): failover: decoupled failed" in out
+    wait_for(lambda: not still_running(children), "every child of the trainer to exit")
+    assert_resumes_exactly(run)
+
+
+def test_a_dead_env_service_with_nowhere_to_go_stops_the_run_with_a_checkpoint(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = start_train(run, "--modes", "decoupled")
+    try:
+        wait_for(lambda: metric_lines(run) >= 3, "three updates in the decoupled mode")
+        kill_one_env_service(proc)
+        out, err = stopped(proc, run)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 2, err
+    assert "Traceback" not in err and "strata train: error: DecoupledVectorEnv: env service" in err
+    [line] = [line for line in out.splitlines() if "stopped by" in line]
+    assert "stopped by DecoupledError: " in line and line.endswith("--resume")
+    state = load_checkpoint(latest_checkpoint(run))  # type: ignore[arg-type]
+    assert max(r["policy_version"] for r in read_metrics(run)) - int(state["version"]) <= 1
