@@ -153,6 +153,8 @@ def _train(args: argparse.Namespace) -> int:
 
     _refuse_flags_of_the_other_algo(args)  # what was typed, before a preset fills in its values
     apply_preset(args)
+    if args.confirm_episodes is None and args.algo == "ppo":  # None only tells SAC that it was not given
+        args.confirm_episodes = 20
     if args.modes and args.modes[0] == "hybrid":
         return train_hybrid_from_args(args)
     refuse_hybrid_flags(args)
@@ -168,8 +170,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         result = train(env_id=args.env, total_steps=args.total_steps, run_dir=args.run_dir, seed=args.seed,
                        config=config, resume=args.resume, target_return=args.target_return,
-                       confirm_episodes=20 if args.confirm_episodes is None else args.confirm_episodes,
-                       checkpoint_every=args.checkpoint_every,
+                       confirm_episodes=args.confirm_episodes, checkpoint_every=args.checkpoint_every,
                        switching=config_from_args(SwitchingConfig, args), rules=config_from_args(SwitchRules, args),
                        resume_command=_resume_command(args))
     except StopSignal as stop:

@@ -183,11 +183,12 @@ def test_checkpointer_keeps_periodic_and_the_newest_rolling_checkpoint(tmp_path:
 
 
 def test_stop_signals_turns_sigterm_into_an_exception() -> None:
+    before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(StopSignal) as info, stop_signals():
         os.kill(os.getpid(), signal.SIGTERM)
         wait_for(lambda: False, "SIGTERM to arrive", timeout=30)
     assert (info.value.name, info.value.exit_status) == ("SIGTERM", 143)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is before  # the previous handler is back
 
 
 # -- nothing outlives the trainer ------------------------------------------------------------------------
