@@ -25,6 +25,7 @@ the drop count makes the cost visible.
 
 from __future__ import annotations
 
+import logging
 import queue
 import subprocess
 import sys
@@ -42,6 +43,8 @@ from cloud._errors import CloudError
 from device import RolloutBatch, require
 from functions._envservice import EnvServiceClient, ServiceUnavailableError, space_from_json
 from functions._lifetime import child_environment
+
+log = logging.getLogger(__name__)
 
 
 class DecoupledError(CloudError):
@@ -226,6 +229,8 @@ class FragmentSource:
         if self._alive[i]:
             self._alive[i] = False
             self.stats.dead.append(self.clients[i].target)
+            log.warning("FragmentSource: env service %s is dead or hung; its fragments go to the %d live services",
+                        self.clients[i].target, sum(self._alive))
         if not any(self._alive):
             raise DecoupledError(f"FragmentSource: every env service is dead or hung ({self.stats.dead}); "
                                  "start more with `strata envs serve` and pass them in")
@@ -392,6 +397,8 @@ class _DecoupledVectorEnvImpl:
                 continue
             self._active[a] = (spare, start, k)
             self.failovers.append(f"{client.target}->{spare.target}")
+            log.warning("DecoupledVectorEnv: env service %s is dead or hung; its %d envs moved to spare %s (their "
+                        "episodes end as truncated)", client.target, k, spare.target)
             return
         raise DecoupledError(f"DecoupledVectorEnv: env service {client.target} is dead or hung and no spare with "
                              f"{k} envs is left; pass more services than num_envs needs")

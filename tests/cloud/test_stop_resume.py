@@ -324,3 +324,19 @@ def test_a_dead_env_service_with_nowhere_to_go_stops_the_run_with_a_checkpoint(t
     assert "stopped by DecoupledError: " in line and line.endswith("--resume")
     state = load_checkpoint(latest_checkpoint(run))  # type: ignore[arg-type]
     assert max(r["policy_version"] for r in read_metrics(run)) - int(state["version"]) <= 1
+
+
+def test_failover_between_env_services_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    from cloud._decoupled import make_decoupled_vector_env
+
+    envs = make_decoupled_vector_env("CartPole-v1", num_envs=2, seed=0, envs_per_service=1, spares=1, timeout_s=5.0)
+    try:
+        first = envs._owned[0]
+        first.proc.kill()
+        first.proc.wait(timeout=WAIT_S)
+        with caplog.at_level("WARNING", logger="cloud._decoupled"):
+            wait_for(lambda: envs.step(envs.action_space.sample()) and envs.failovers, "the failover to the spare")
+        [message] = [r.getMessage() for r in caplog.records if r.name == "cloud._decoupled"]
+        assert f"env service {first.address} is dead or hung; its 1 envs moved to spare" in message
+    finally:
+        envs.close()
