@@ -69,9 +69,16 @@ def test_a_preset_fills_the_flags_that_were_not_given() -> None:
     assert preset is find_preset("ppo", "MountainCar-v0") and preset is not None
     assert (args.num_envs, args.num_steps, args.gamma, args.anneal_lr) == (16, 16, 0.99, False)
     assert (args.total_steps, args.target_return) == (preset.budget, -110.0)
-    assert lines == [f"strata train: preset ppo/MountainCar-v0 ({UNVERIFIED}; cloud/presets/ppo.toml): 1,000,000 env "
-                     "steps, stopping once the return reaches -110; flags given override it, --preset none uses the "
-                     "defaults"]
+    assert lines == ["strata train: preset ppo/MountainCar-v0 (verified by strata; cloud/presets/ppo.toml): 1,000,000 "
+                     "env steps, stopping once the return reaches -110; flags given override it, --preset none uses "
+                     "the defaults"]
+
+
+def test_presets_nobody_ran_say_so() -> None:
+    lunar = find_preset("ppo", "LunarLander-v3")
+    assert lunar is not None and not lunar.is_verified and UNVERIFIED in lunar.verified
+    pendulum = find_preset("ppo", "Pendulum-v1")
+    assert pendulum is not None and pendulum.is_verified
 
 
 def test_a_run_given_its_budget_trains_it_without_the_presets_stop() -> None:
