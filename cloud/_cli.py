@@ -138,9 +138,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    import dataclasses
 
-    from cloud._checkpoint import latest_checkpoint, load_checkpoint
+    from cloud._checkpoint import latest_checkpoint
     from cloud._metrics import METRICS_FILE
     from cloud._ppo import PPOConfig
     from cloud._presets import apply_preset
@@ -160,13 +159,7 @@ def _train(args: argparse.Namespace) -> int:
     refuse_hybrid_flags(args)
     if args.algo == "sac":
         return _train_sac(args)
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(PPOConfig) if getattr(args, f.name) is not None}
-    given = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
-    newest = latest_checkpoint(args.run_dir) if args.resume else None
-    if newest is not None:
-        config = dataclasses.replace(PPOConfig.from_dict(load_checkpoint(newest)["config"]), **given)
-    else:
-        config = PPOConfig(**given)
+    config = PPOConfig.from_flags(args, resume_from=latest_checkpoint(args.run_dir) if args.resume else None)
     try:
         result = train(env_id=args.env, total_steps=args.total_steps, run_dir=args.run_dir, seed=args.seed,
                        config=config, resume=args.resume, target_return=args.target_return,

@@ -145,6 +145,20 @@ class PPOConfig:
         kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
         return cls(**kwargs)
 
+    @classmethod
+    def from_flags(cls, args: Any, *, resume_from: Any = None) -> PPOConfig:
+        """The config `strata train` runs with: the flags given on `args`, over a resumed checkpoint's config.
+
+        `resume_from` is the checkpoint file a resumed run continues, so it keeps its lineage's hyperparameters.
+        """
+        given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if getattr(args, f.name) is not None}
+        given = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
+        if resume_from is None:
+            return cls(**given)
+        from cloud._checkpoint import load_checkpoint
+
+        return dataclasses.replace(cls.from_dict(load_checkpoint(resume_from)["config"]), **given)
+
 
 @dataclass(frozen=True)
 class Episode:

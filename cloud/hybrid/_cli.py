@@ -25,7 +25,7 @@ def refuse_hybrid_flags(args: argparse.Namespace) -> None:
 
 def train_hybrid_from_args(args: argparse.Namespace) -> int:
     """Run ``strata train --modes hybrid [UNIT_MODES...]``; print rank 0's summary."""
-    from cloud._checkpoint import latest_checkpoint, load_checkpoint
+    from cloud._checkpoint import latest_checkpoint
     from cloud._metrics import METRICS_FILE
     from cloud._ppo import PPOConfig
     from cloud._switcher import SwitchRules
@@ -40,13 +40,7 @@ def train_hybrid_from_args(args: argparse.Namespace) -> int:
     if rules:
         raise ConfigError(f"train --modes hybrid: automatic switching rules ({', '.join(rules)}) are not supported "
                           "for hybrid units; switch them with `strata switch RUN --to MODE`")
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(PPOConfig) if getattr(args, f.name) is not None}
-    given = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
-    newest = latest_checkpoint(args.run_dir) if args.resume else None
-    if newest is not None:
-        config = dataclasses.replace(PPOConfig.from_dict(load_checkpoint(newest)["config"]), **given)
-    else:
-        config = PPOConfig(**given)
+    config = PPOConfig.from_flags(args, resume_from=latest_checkpoint(args.run_dir) if args.resume else None)
     unit_modes = tuple(args.modes[1:])
     if "hybrid" in unit_modes:
         raise ConfigError("train: --modes names hybrid twice; list it once, first")
