@@ -102,7 +102,7 @@ def test_the_token_is_removed_when_the_job_stops(tmp_path: Path) -> None:
     assert not (tmp_path / "control.token").exists() and not (tmp_path / "control.json").exists()
 
 
-@pytest.mark.parametrize("url", ["http://10.0.0.7:8080", "https://127.0.0.1:443", "http://example.com:80",
+@pytest.mark.parametrize("url", ["http://192.0.2.7:8080", "https://127.0.0.1:443", "http://example.com:80",
                                  "http://127.0.0.1", "file:///etc/passwd"])
 def test_the_client_sends_its_token_to_loopback_only(url: str, tmp_path: Path) -> None:
     (tmp_path / "control.json").write_text(json.dumps({"url": url, "pid": 1}))
