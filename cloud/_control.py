@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from cloud._errors import CloudError
 from device import write_atomic
+from functions._lifetime import pid_alive
 
 CONTROL_FILE = "control.json"
 TOKEN_FILE = "control.token"
@@ -243,16 +244,6 @@ class ControlClient:
         return self._call("POST", "/v1/switch", body, timeout)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def last_record(path: Path, *, having: str | None = None) -> dict[str, Any]:
     """The last complete JSON line of a JSONL file (holding the key `having`, if given); empty when none."""
     if not path.exists():
@@ -285,7 +276,7 @@ def list_runs(root: Path) -> list[dict[str, Any]]:
         if control.exists():
             try:
                 pid = int(json.loads(control.read_text())["pid"])
-                info["state"] = "running" if _pid_alive(pid) else "crashed"
+                info["state"] = "running" if pid_alive(pid) else "crashed"
             except (ValueError, KeyError, TypeError, OSError):  # unreadable (another user's run) or torn
                 info["state"] = "unknown"
         last = last_record(run_dir / "metrics.jsonl", having="charts/mean_return_20")

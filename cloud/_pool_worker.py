@@ -19,7 +19,6 @@ over the pipe and answer over it.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import traceback
 from collections.abc import Callable, Sequence
@@ -37,7 +36,7 @@ from gymnasium.vector.utils import write_to_shared_memory
 from cloud._infocodec import encode_info
 from cloud._pool_spin import Spinner
 from cloud._shm import ShmArena, ShmLayout, attach
-from functions._lifetime import watch_parent
+from functions._lifetime import pid_alive, watch_parent
 
 log = logging.getLogger(__name__)
 
@@ -418,16 +417,6 @@ class _EnvsFailed(Exception):
     """Internal: one or more envs raised; their error records are in `args[0]` (or collected by the caller)."""
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def worker_main(
     spec: WorkerSpec,
     layout: ShmLayout,
@@ -463,7 +452,7 @@ def worker_main(
     try:
         while True:
             if not spinner.wait(cmd_sem, ready, 1.0):
-                if not _alive(spec.parent_pid):
+                if not pid_alive(spec.parent_pid):
                     return  # the parent is gone: nothing will read our results
                 continue
             if ctrl_seq[w] != last_ctrl:

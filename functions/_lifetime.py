@@ -28,6 +28,17 @@ GRACE_S = 10.0
 """Seconds between the SIGTERM a child sends itself and the SIGKILL that follows if it is still alive."""
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (one of another user's counts; a zombie counts until it is reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def child_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """`base` (default: this process's environment) plus ``STRATA_PARENT_PID`` set to this process."""
     env = dict(os.environ if base is None else base)
