@@ -24,6 +24,22 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _SnapshotSubscriptions(dict):  # type: ignore[type-arg]
+    """amqtt's topic-filter map, iterated over a copy.
+
+    amqtt 0.12 walks `Broker._subscriptions` with awaits inside the loop (retained messages on connect, the
+    broadcast fan-out); a client subscribing to a new filter meanwhile raises "dictionary changed size during
+    iteration", which kills the connecting client's session after its CONNACK (it then hangs until keepalive)
+    or drops a broadcast. Iterating a snapshot makes both loops safe; lookups and writes are a dict's.
+    """
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(super().keys()))
+
+    def items(self) -> Any:
+        return [(key, list(value)) for key, value in super().items()]
+
+
 class EmbeddedBroker:
     """amqtt on ``mqtt://127.0.0.1:PORT``; `start` blocks until it listens, `stop` until it is gone."""
 
@@ -65,6 +81,8 @@ class EmbeddedBroker:
         try:
             async def boot() -> None:
                 self._broker = Broker(config)
+                if isinstance(getattr(self._broker, "_subscriptions", None), dict):  # a private map: see above
+                    self._broker._subscriptions = _SnapshotSubscriptions(self._broker._subscriptions)
                 await self._broker.start()
 
             loop.run_until_complete(boot())

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
 
 from edge import EmbeddedBroker, FleetMonitor, Publisher
 from tests.edge._agents import agent_config, running_agents, wait_until
@@ -48,3 +53,58 @@ def test_run_fleet_demo_serves_devices_that_escalate_to_their_edge(tmp_path: Pat
         assert d["steps"] == 300 and d["policy_version"] == 1
         tiers = d["by_tier"]
         assert isinstance(tiers, dict) and tiers["device"] > 0 and tiers["edge"] > 0  # both tiers decided
+
+
+def test_clients_that_connect_while_others_subscribe_keep_their_session(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    # amqtt 0.12 walks its subscription map with awaits inside (retained messages on connect): a subscription made
+    # meanwhile raised "dictionary changed size during iteration", killing the connecting client's session after
+    # its CONNACK (a device then escalated into the void: CI, 2026-12-01). Retained messages make the walk yield.
+    caplog.set_level(logging.ERROR)
+    n = 24
+    with EmbeddedBroker() as broker:
+        seed = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
+        seed.connect("127.0.0.1", broker.port)
+        seed.loop_start()
+        for k in range(5):
+            seed.publish(f"r/{k}", b"y" * 1000, qos=1, retain=True).wait_for_publish(5)
+        seed.subscribe("r/#", qos=1)
+        connects = [0] * n
+        got = [threading.Event() for _ in range(n)]
+        clients: list[mqtt.Client] = []
+
+        def make(i: int) -> None:
+            client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"race-{i}", protocol=mqtt.MQTTv311)
+
+            def on_connect(c: mqtt.Client, *_: object) -> None:
+                connects[i] += 1
+                c.subscribe([(f"t/{i}/#", 1), (f"r/{i}", 1), ("all", 1)])
+
+            def on_subscribe(*_: object) -> None:
+                subscribed.release()
+
+            client.on_connect = on_connect
+            client.on_subscribe = on_subscribe
+            client.on_message = lambda _c, _u, m: got[i].set() if m.topic == "all" else None
+            client.connect("127.0.0.1", broker.port)
+            client.loop_start()
+            clients.append(client)
+
+        subscribed = threading.Semaphore(0)
+        try:
+            threads = [threading.Thread(target=make, args=(i,)) for i in range(n)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for _ in range(n):  # every session lives on to answer its SUBSCRIBE
+                assert subscribed.acquire(timeout=30), "a client's SUBSCRIBE was never answered"
+            seed.publish("all", b"x", qos=1).wait_for_publish(5)
+            assert all(g.wait(30) for g in got)
+            assert connects == [1] * n  # nobody had to reconnect
+            assert not [r for r in caplog.records if "changed size during iteration" in r.getMessage()
+                        or (r.exc_info and "changed size" in str(r.exc_info[1]))]
+        finally:
+            for client in [*clients, seed]:
+                client.loop_stop()
+                client.disconnect()
