@@ -4,12 +4,14 @@ The actor outputs Categorical logits for a Discrete action space, or the mean of
 Gaussian (with a learned, state-independent log standard deviation) for a Box action space.
 `ObsNormalizer` keeps running mean and variance of raw observations; the learner freezes it
 during a rollout, so policy version ``v`` is the pair (network weights, normaliser statistics) and
-the exported graph computes exactly what acted.
+the exported graph computes exactly what acted. `RewardScaler` (``PPOConfig.normalize_reward``) scales the
+rewards the update sees by the running std of the discounted return; it never reaches the exported graph.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,6 +22,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from cloud._ppo import PPOConfig
+    from device import RolloutBatch
 
 
 def _layer(in_features: int, out_features: int, *, std: float) -> nn.Linear:
@@ -116,6 +119,7 @@ class ObsNormalizer:
         Learners that see only other processes' summaries (hybrid units) merge them through here, in a
         fixed order, so every copy of the normaliser ends up with the same statistics.
         """
+        batch_count = float(batch_count)  # a numpy scalar in the state would fail weights-only loading
         if not self.enabled or batch_count <= 0:
             return
         if self.count == 0.0:
@@ -126,8 +130,8 @@ class ObsNormalizer:
         delta = batch_mean - self.mean
         total = self.count + batch_count
         m2 = self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total
-        self.mean = self.mean + delta * batch_count / total
-        self.var = m2 / total
+        self.mean = np.asarray(self.mean + delta * batch_count / total, dtype=np.float64)  # 0-d stays an array
+        self.var = np.asarray(m2 / total, dtype=np.float64)
         self.count = total
 
     def scale(self) -> tuple[np.ndarray, np.ndarray]:
@@ -158,9 +162,71 @@ class ObsNormalizer:
         self.enabled = bool(state["enabled"])
 
 
+class RewardScaler:
+    """Scales rewards by the running standard deviation of the discounted return, as SB3's VecNormalize does.
+
+    Each env stream (keyed by the batch's ``worker`` id, so a switch between sources keeps it) carries its
+    discounted return ``G = gamma * G + r``, reset where an episode ends; the variance of those returns is kept
+    by an `ObsNormalizer` of shape ``()`` and rewards become ``clip(r / sqrt(var + eps), +-clip)``. Scaling keeps
+    the sign and the optimum and leaves episode returns (what "solved" is judged on) untouched: only the critic's
+    targets and the advantages see scaled rewards. Tasks whose returns reach the hundreds or thousands
+    (Pendulum, MountainCar) otherwise give the critic targets it cannot fit before the actor has moved on.
+    """
+
+    def __init__(self, *, gamma: float, clip: float, enabled: bool = True, epsilon: float = 1e-8) -> None:
+        self.gamma = float(gamma)
+        self.enabled = enabled
+        self.stats = ObsNormalizer((), clip=clip, epsilon=epsilon)
+        self.running: dict[int, float] = {}
+
+    def discounted_returns(self, rewards: np.ndarray, dones: np.ndarray, workers: np.ndarray) -> np.ndarray:
+        """Advance each stream's discounted return over ``rewards[T, N]`` and return them, ``[T, N]``."""
+        out = np.empty(rewards.shape, dtype=np.float64)
+        current = np.array([self.running.get(int(w), 0.0) for w in workers], dtype=np.float64)
+        for t in range(rewards.shape[0]):
+            current = current * self.gamma + rewards[t]
+            out[t] = current
+            current = np.where(dones[t], 0.0, current)
+        self.running = {int(w): float(g) for w, g in zip(workers, current, strict=True)}
+        return out
+
+    def scale(self, rewards: np.ndarray) -> np.ndarray:
+        """Return `rewards` divided by the current return std and clipped, as float32."""
+        inv_std = 1.0 / np.sqrt(float(self.stats.var) + self.stats.epsilon)
+        scaled: np.ndarray = np.clip(rewards * inv_std, -self.stats.clip, self.stats.clip).astype(np.float32)
+        return scaled
+
+    def fit_scale(self, batch: RolloutBatch) -> RolloutBatch:
+        """Fold `batch`'s discounted returns into the statistics; return the batch with scaled rewards.
+
+        Unchanged when disabled. Data-parallel learners fold every replica's moments instead (see `cloud.hybrid`).
+        """
+        if not self.enabled:
+            return batch
+        returns = self.discounted_returns(batch.rewards, np.logical_or(batch.terminations, batch.truncations),
+                                          batch.worker)
+        self.stats.update(returns)
+        return dataclasses.replace(batch, rewards=self.scale(batch.rewards))
+
+    def state_dict(self) -> dict[str, object]:
+        """The return statistics; gamma and enabled come from the config.
+
+        A resumed run starts fresh episodes, so the streams' running returns start at zero again.
+        """
+        return {"stats": self.stats.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+        self.stats.load_state_dict(state["stats"])
+        self.running = {}
+
+
 def build_learner(obs_space: Any, action_space: Any, config: PPOConfig, state: dict[str, Any] | None
-                  ) -> tuple[Agent, torch.optim.Optimizer, ObsNormalizer, collections.deque[float]]:
-    """The PPO learner for these gymnasium spaces: agent, Adam, normaliser and recent returns, from `state` if given.
+                  ) -> tuple[Agent, torch.optim.Optimizer, ObsNormalizer, RewardScaler, collections.deque[float]]:
+    """The PPO learner for these gymnasium spaces: agent, Adam, normaliser, reward scaler and recent returns.
+
+    All of them are restored from `state` when given (a checkpoint from before reward scaling has none: its
+    scaler starts fresh).
 
     One construction for the single learner (`cloud._train`) and every hybrid unit (`cloud.hybrid`), so both
     build (and resume) the same networks with the same optimiser settings.
@@ -174,10 +240,13 @@ def build_learner(obs_space: Any, action_space: Any, config: PPOConfig, state: d
     # fused: one kernel for all parameters; on these tiny nets it cuts ~25% of the CPU time of a gradient step.
     optimizer = torch.optim.Adam(agent.parameters(), lr=config.learning_rate, eps=1e-5, fused=True)
     normalizer = ObsNormalizer(obs_space.shape, clip=config.obs_clip, enabled=config.normalize_obs)
+    rewards = RewardScaler(gamma=config.gamma, clip=config.reward_clip, enabled=config.normalize_reward)
     recent: collections.deque[float] = collections.deque(maxlen=100)
     if state:
+        if "reward_scaler" in state:
+            rewards.load_state_dict(state["reward_scaler"])
         agent.load_state_dict(state["agent"])
         optimizer.load_state_dict(state["optimizer"])
         normalizer.load_state_dict(state["normalizer"])
         recent.extend(float(r) for r in state["recent_returns"])
-    return agent, optimizer, normalizer, recent
+    return agent, optimizer, normalizer, rewards, recent

@@ -89,6 +89,13 @@ class PPOConfig:
     obs_clip: float = 10.0
     """Clip normalised observations to +- this value."""
 
+    # --- rewards ---
+    normalize_reward: bool = False
+    """Scale the rewards the update sees by the running std of the discounted return (SB3's VecNormalize reward
+    scaling); reported episode returns stay unscaled."""
+    reward_clip: float = 10.0
+    """Clip scaled rewards to +- this value (with normalize_reward)."""
+
     # --- network ---
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Hidden layer widths of the actor and of the critic (tanh activations)."""
@@ -107,7 +114,7 @@ class PPOConfig:
         if self.batch_size % self.num_minibatches:
             raise ConfigError(f"PPOConfig: num_envs * num_steps = {self.batch_size} must be divisible by "
                               f"num_minibatches = {self.num_minibatches}")
-        for name in ("learning_rate", "max_grad_norm", "clip_coef", "obs_clip"):
+        for name in ("learning_rate", "max_grad_norm", "clip_coef", "obs_clip", "reward_clip"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"PPOConfig: {name} must be > 0, got {getattr(self, name)}")
         for name in ("gamma", "gae_lambda"):

@@ -168,7 +168,7 @@ def train(
     with stop_signals():
         try:
             assert isinstance(obs_space, gym.spaces.Box)  # check_spaces checked the spaces
-            agent, optimizer, normalizer, recent = build_learner(obs_space, action_space, config, state)
+            agent, optimizer, normalizer, reward_scaler, recent = build_learner(obs_space, action_space, config, state)
             spaces = {"observation_space": space_to_json(obs_space), "action_space": space_to_json(action_space)}
             publisher = None
             if any(m in FRAGMENT_MODES for m in switching.modes):
@@ -191,7 +191,7 @@ def train(
                     "algo": "ppo", "env_id": env_id, "seed": seed, "version": version, "global_step": global_step,
                     "config": config.to_dict(), **spaces, "agent": agent.state_dict(),
                     "optimizer": optimizer.state_dict(), "normalizer": normalizer.state_dict(),
-                    "recent_returns": list(recent),
+                    "reward_scaler": reward_scaler.state_dict(), "recent_returns": list(recent),
                 }))
 
             num_updates = config.num_updates(total_steps)
@@ -212,7 +212,8 @@ def train(
                         optimizer.param_groups[0]["lr"] = frac * config.learning_rate
                     batch, new_episodes = switcher.collect(policy_version=version, global_step=global_step)
                     global_step += batch.size
-                    values = ppo_update(agent, optimizer, normalizer, batch, config, generator=generator)
+                    values = ppo_update(agent, optimizer, normalizer, reward_scaler.fit_scale(batch), config,
+                                        generator=generator)
                     version += 1
                     normalizer.update(batch.obs)
 

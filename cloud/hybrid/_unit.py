@@ -9,6 +9,7 @@ broadcast of rank 0's decision (stop, switch).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import resource
@@ -195,7 +196,7 @@ def run_unit(spec: UnitSpec) -> HybridResult:
     obs_space, action_space = probe_spaces(spec.env_id)
     assert isinstance(obs_space, gym.spaces.Box)
     obs_dim = int(np.prod(obs_space.shape))
-    agent, optimizer, normalizer, recent = build_learner(obs_space, action_space, config, state)
+    agent, optimizer, normalizer, reward_scaler, recent = build_learner(obs_space, action_space, config, state)
     # From here on every unit draws its own actions and minibatches, and steps its own env streams.
     torch.manual_seed(seed + 7919 * version + 1_000_033 * (rank + 1))
     generator = np.random.default_rng([seed, version, rank])
@@ -231,7 +232,8 @@ def run_unit(spec: UnitSpec) -> HybridResult:
                     "global_step": global_step, "config": config.to_dict(), **spaces,
                     "agent": {k: v.detach().clone() for k, v in agent.state_dict().items()},
                     "optimizer": copy.deepcopy(optimizer.state_dict()), "normalizer": normalizer.state_dict(),
-                    "recent_returns": list(recent), "hybrid": {"units": world}}
+                    "reward_scaler": reward_scaler.state_dict(), "recent_returns": list(recent),
+                    "hybrid": {"units": world}}
 
         if group.is_leader:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -269,7 +271,14 @@ def run_unit(spec: UnitSpec) -> HybridResult:
                 t0 = time.perf_counter()
                 batch, episodes = switcher.collect(policy_version=version, global_step=global_step)
                 t1 = time.perf_counter()
-                values = ppo_update(agent, optimizer, normalizer, batch, config, generator=generator,
+                update_batch = batch
+                if reward_scaler.enabled:  # every unit folds every unit's return moments, in rank order: one scale
+                    returns = reward_scaler.discounted_returns(
+                        batch.rewards, np.logical_or(batch.terminations, batch.truncations), batch.worker)
+                    for row in group.all_gather(np.array([returns.mean(), returns.var(), returns.size])):
+                        reward_scaler.stats.update_moments(row[0], row[1], row[2])
+                    update_batch = dataclasses.replace(batch, rewards=reward_scaler.scale(batch.rewards))
+                values = ppo_update(agent, optimizer, normalizer, update_batch, config, generator=generator,
                                     reduce_gradients=lambda: group.average_gradients(agent.parameters()))
                 t2 = time.perf_counter()
                 version += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -94,7 +95,8 @@ def test_unit_group_averages_gradients_merges_moments_and_broadcasts(tmp_path: P
 
 def test_two_units_train_one_policy_with_one_normaliser(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    spec = UnitSpec(env_id="CartPole-v1", total_steps=6 * 2 * TINY.batch_size, run_dir=run, seed=4, config=TINY,
+    config = dataclasses.replace(TINY, normalize_reward=True)
+    spec = UnitSpec(env_id="CartPole-v1", total_steps=6 * 2 * TINY.batch_size, run_dir=run, seed=4, config=config,
                     switching=SwitchingConfig(modes=("colocated",), control=False),
                     hybrid=HybridConfig(units=2, workers_per_unit=1), checkpoint_every=2)
     result = train_hybrid(spec)
@@ -104,6 +106,8 @@ def test_two_units_train_one_policy_with_one_normaliser(tmp_path: Path) -> None:
     assert len(result.digests) == 2 and result.digests[0] == result.digests[1]
     assert result.digests[0] == _digest_of_checkpoint(latest_checkpoint(run))[:15]  # rank 0 saved what all hold
     assert result.normalizer_count == result.global_step  # every unit's observations, merged
+    rewards = load_checkpoint(latest_checkpoint(run))["reward_scaler"]["stats"]
+    assert rewards["count"] == result.global_step  # and every unit's discounted returns: one reward scale
     assert result.accounting["total"] == {"produced": result.global_step, "consumed": result.global_step,
                                           "duplicates": 0, "gaps": 0}
     assert result.published == 6

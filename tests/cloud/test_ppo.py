@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from cloud._agent import Agent, ObsNormalizer
+from cloud._agent import Agent, ObsNormalizer, RewardScaler
 from cloud._checkpoint import list_checkpoints, load_checkpoint, load_latest_checkpoint, save_checkpoint
 from cloud._envs import VECTOR_ENV_MODES, make_vector_env
 from cloud._metrics import read_metrics
@@ -158,6 +158,53 @@ def test_normalizer_matches_numpy_statistics() -> None:
     restored = ObsNormalizer((4,), clip=1.0)
     restored.load_state_dict(normalizer.state_dict())
     np.testing.assert_array_equal(restored(data), normalizer(data))
+
+
+def test_reward_scaler_keeps_each_streams_discounted_return_across_batches_and_sources() -> None:
+    scaler = RewardScaler(gamma=0.5, clip=10.0)
+    rewards = np.array([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0]])
+    dones = np.array([[False, False], [True, False], [False, False]])
+    np.testing.assert_allclose(scaler.discounted_returns(rewards, dones, np.array([7, 9])),
+                               [[1.0, 2.0], [1.5, 3.0], [1.0, 3.5]])  # stream 7 ended at t=1 and starts again
+    # The next batch continues each stream by its worker id, whatever column it arrives in; a new worker starts at 0.
+    np.testing.assert_allclose(scaler.discounted_returns(np.ones((1, 3)), np.zeros((1, 3), bool), np.array([9, 8, 7])),
+                               [[2.75, 1.0, 1.5]])
+
+
+def test_reward_scaler_matches_sb3_vecnormalize_and_leaves_the_optimum_alone() -> None:
+    from stable_baselines3.common.running_mean_std import RunningMeanStd
+
+    rng = np.random.default_rng(3)
+    rewards = rng.normal(-8.0, 4.0, size=(3, 64, 4))  # three batches of [T=64, N=4]
+    dones = rng.random((3, 64, 4)) < 0.02
+    scaler = RewardScaler(gamma=0.99, clip=10.0)
+    # SB3's VecNormalize, step by step: returns = returns * gamma + r; ret_rms.update(returns); returns[dones] = 0.
+    oracle, running = RunningMeanStd(shape=()), np.zeros(4)
+    for b in range(3):
+        batch = _batch(rewards[b].astype(np.float32), dones[b])
+        scaled = scaler.fit_scale(batch)
+        for t in range(64):
+            running = running * 0.99 + rewards[b, t].astype(np.float32)
+            oracle.update(running)
+            running[dones[b, t]] = 0.0
+        np.testing.assert_allclose(scaler.stats.var, oracle.var, rtol=1e-4)  # SB3 starts at count 1e-4
+        np.testing.assert_allclose(scaled.rewards, np.clip(rewards[b] / np.sqrt(oracle.var + 1e-8), -10, 10),
+                                   rtol=1e-4)
+        assert scaled.rewards.dtype == np.float32 and scaled.obs is batch.obs
+    assert np.array_equal(np.argsort(scaled.rewards, axis=None), np.argsort(rewards[2].astype(np.float32), axis=None))
+    assert RewardScaler(gamma=0.99, clip=10.0, enabled=False).fit_scale(batch) is batch
+    restored = RewardScaler(gamma=0.99, clip=10.0)
+    restored.load_state_dict(scaler.state_dict())
+    np.testing.assert_array_equal(restored.scale(rewards[0]), scaler.scale(rewards[0]))
+
+
+def _batch(rewards: np.ndarray, dones: np.ndarray) -> RolloutBatch:
+    t, n = rewards.shape
+    return RolloutBatch(source="t", obs=np.zeros((t, n, 1), np.float32), actions=np.zeros((t, n), np.int64),
+                        rewards=rewards, terminations=dones, truncations=np.zeros_like(dones),
+                        final_obs=np.zeros((t, n, 1), np.float32), next_obs=np.zeros((n, 1), np.float32),
+                        policy_version=np.zeros((t, n), np.int64), worker=np.arange(n),
+                        seq=np.zeros((t, n), np.int64))
 
 
 def test_checkpoints_are_atomic_sorted_and_weights_only(tmp_path: Path) -> None:
