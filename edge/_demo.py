@@ -49,7 +49,8 @@ def _broker(url: str | None) -> Iterator[str]:
 def run_fleet_demo(bundle: Bundle, *, trust: Path, work_dir: Path, nodes: int = 2, env: str = "CartPole-v1",
                    fleet: str = "demo", broker: str | None = None, act_seconds: float = 1.0,
                    timeout_s: float = 60.0, device_bundle: Bundle | None = None, devices: int = 0,
-                   device_steps: int = 1000, device_threshold: float = 0.2) -> FleetDemoResult:
+                   device_steps: int = 1000, device_threshold: float = 0.2,
+                   device_budget_ms: float = 50.0) -> FleetDemoResult:
     """Publish `bundle` to `nodes` edge agents (on the embedded broker unless `broker` is given).
 
     Args:
@@ -66,6 +67,7 @@ def run_fleet_demo(bundle: Bundle, *, trust: Path, work_dir: Path, nodes: int = 
         devices: Terminal devices, spread over the edge nodes.
         device_steps: Decisions each device takes.
         device_threshold: Confidence (probability margin) under which a device escalates to its edge.
+        device_budget_ms: How long a device waits for its edge's answer before deciding itself.
     """
     if devices and device_bundle is None:
         raise EdgeError("run_fleet_demo: devices need a device_bundle (strata export --tier device)")
@@ -93,7 +95,8 @@ def run_fleet_demo(bundle: Bundle, *, trust: Path, work_dir: Path, nodes: int = 
                 time.sleep(0.01)
             reports = _run_devices(device_bundle, url=url, fleet=fleet, trust=trust, work_dir=Path(work_dir),
                                    nodes=nodes, devices=devices, env=env, steps=device_steps,
-                                   threshold=device_threshold, timeout_s=timeout_s) if devices else ()
+                                   threshold=device_threshold, budget_ms=device_budget_ms,
+                                   timeout_s=timeout_s) if devices else ()
             time.sleep(act_seconds)
             with FleetMonitor(broker=url, fleet=fleet) as monitor:
                 wait_until = time.monotonic() + 10
@@ -113,7 +116,7 @@ def run_fleet_demo(bundle: Bundle, *, trust: Path, work_dir: Path, nodes: int = 
 
 
 def _run_devices(bundle: Bundle | None, *, url: str, fleet: str, trust: Path, work_dir: Path, nodes: int,
-                 devices: int, env: str, steps: int, threshold: float, timeout_s: float,
+                 devices: int, env: str, steps: int, threshold: float, budget_ms: float, timeout_s: float,
                  ) -> tuple[dict[str, object], ...]:
     import gymnasium as gym
 
@@ -122,7 +125,8 @@ def _run_devices(bundle: Bundle | None, *, url: str, fleet: str, trust: Path, wo
         publisher.publish_device_bundle(bundle)
     runtimes = [DeviceRuntime(DeviceConfig(broker=url, fleet=fleet, edge_node=f"edge-{i % nodes}",
                                            device_id=f"device-{i}", trust=(str(trust),), threshold=threshold,
-                                           budget_ms=50.0, state_path=str(work_dir / f"device-{i}.json"))).connect()
+                                           budget_ms=budget_ms,
+                                           state_path=str(work_dir / f"device-{i}.json"))).connect()
                 for i in range(devices)]
     reports: list[DeviceReport | None] = [None] * devices
     errors: list[BaseException] = []
