@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from device import ConfigError
+
 if TYPE_CHECKING:
     from cloud._ppo import PPOConfig
     from device import RolloutBatch
@@ -47,13 +49,39 @@ class Agent(nn.Module):
     """Actor and critic for a flat Box observation and a Discrete (``discrete=True``) or Box action."""
 
     def __init__(self, *, obs_dim: int, action_dim: int, discrete: bool, hidden_sizes: Sequence[int],
-                 init_log_std: float = 0.0) -> None:
+                 init_log_std: float = 0.0, sde: bool = False, sde_sample_freq: int = -1) -> None:
         super().__init__()
+        if sde and discrete:
+            raise ValueError("Agent: state-dependent exploration (sde) needs a Box action space")
         self.discrete = discrete
+        self.sde = sde
+        self.sde_sample_freq = sde_sample_freq
+        """Steps between gSDE noise draws in a rollout (-1: once per rollout); the rollout collector reads it."""
         self.critic = _mlp(obs_dim, hidden_sizes, 1, out_std=1.0)
         self.actor = _mlp(obs_dim, hidden_sizes, action_dim, out_std=0.01)
-        # A Discrete agent keeps an empty log-std so every agent has the same state-dict keys.
-        self.actor_logstd = nn.Parameter(torch.full((0 if discrete else action_dim,), float(init_log_std)))
+        # A Discrete agent keeps an empty log-std so every agent has the same state-dict keys. With gSDE the
+        # log-std is a matrix, one entry per (last hidden feature, action dimension).
+        shape = (0,) if discrete else (hidden_sizes[-1], action_dim) if sde else (action_dim,)
+        self.actor_logstd = nn.Parameter(torch.full(shape, float(init_log_std)))
+        self._noise: torch.Tensor | None = None
+        """gSDE's exploration matrices, one ``[features, actions]`` per env stream (see `reset_noise`)."""
+
+    def reset_noise(self, streams: int) -> None:
+        """Draw new gSDE exploration matrices for `streams` env streams (no-op without gSDE).
+
+        Generalised state-dependent exploration (Raffin et al., 2021; SB3's ``use_sde``): the action noise is
+        ``features(s) @ E`` with ``E ~ N(0, exp(log_std)^2)`` held fixed between resets, so exploration is smooth
+        in time and shaped by the state, where independent Gaussian noise per step averages itself out.
+        """
+        if self.sde:
+            with torch.no_grad():
+                std = self.actor_logstd.exp()
+                self._noise = torch.randn((streams, *std.shape)) * std
+
+    def _features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The actor's last hidden features and its output (the mean or the logits)."""
+        features: torch.Tensor = self.actor[:-1](x)
+        return features, self.actor[-1](features)
 
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         """Return ``V(x)`` with shape ``[batch]``."""
@@ -66,6 +94,12 @@ class Agent(nn.Module):
         Discrete actions use the Gumbel-max trick, which samples the same distribution as
         ``Categorical(logits).sample()`` without building a distribution object on every env step.
         """
+        if self.sde:
+            features, mean = self._features(x)
+            if self._noise is None or self._noise.shape[0] != x.shape[0]:
+                self.reset_noise(x.shape[0])
+            assert self._noise is not None
+            return mean + torch.einsum("bf,bfa->ba", features, self._noise)
         out: torch.Tensor = self.actor(x)
         if self.discrete:
             gumbel = -torch.log(-torch.log(torch.rand_like(out)))
@@ -81,15 +115,25 @@ class Agent(nn.Module):
         return out.argmax(dim=-1) if self.discrete else out
 
     def evaluate_actions(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return ``(log_prob, entropy)`` of `action` under the policy at `x`, each ``[batch]``."""
-        out: torch.Tensor = self.actor(x)
+        """Return ``(log_prob, entropy)`` of `action` under the policy at `x`, each ``[batch]``.
+
+        With gSDE the action's variance is ``features(s)^2 @ exp(log_std)^2`` (the features detached, as in SB3:
+        the exploration scale is learned through log_std only).
+        """
         if self.discrete:
-            log_probs = torch.log_softmax(out, dim=-1)
+            logits: torch.Tensor = self.actor(x)
+            log_probs = torch.log_softmax(logits, dim=-1)
             logprob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
             entropy = -(log_probs.exp() * log_probs).sum(-1)
             return logprob, entropy
-        log_std = self.actor_logstd.expand_as(out)
-        var = torch.exp(2.0 * log_std)
+        if self.sde:
+            features, out = self._features(x)
+            var = (features.detach() ** 2) @ torch.exp(2.0 * self.actor_logstd) + 1e-6
+            log_std = 0.5 * torch.log(var)
+        else:
+            out = self.actor(x)
+            log_std = self.actor_logstd.expand_as(out)
+            var = torch.exp(2.0 * log_std)
         logprob = (-((action - out) ** 2) / (2.0 * var) - log_std - 0.5 * math.log(2.0 * math.pi)).sum(-1)
         entropy = (0.5 + 0.5 * math.log(2.0 * math.pi) + log_std).sum(-1)
         return logprob, entropy
@@ -234,9 +278,13 @@ def build_learner(obs_space: Any, action_space: Any, config: PPOConfig, state: d
     import gymnasium as gym
 
     discrete = isinstance(action_space, gym.spaces.Discrete)
+    if discrete and config.use_sde:
+        raise ConfigError(f"PPOConfig: use_sde (state-dependent exploration) needs a Box action space, not "
+                          f"{action_space}; drop --use-sde")
     action_dim = int(action_space.n) if discrete else int(np.prod(action_space.shape or ()))
     agent = Agent(obs_dim=int(np.prod(obs_space.shape)), action_dim=action_dim, discrete=discrete,
-                  hidden_sizes=config.hidden_sizes, init_log_std=config.init_log_std)
+                  hidden_sizes=config.hidden_sizes, init_log_std=config.init_log_std, sde=config.use_sde,
+                  sde_sample_freq=config.sde_sample_freq)
     # fused: one kernel for all parameters; on these tiny nets it cuts ~25% of the CPU time of a gradient step.
     optimizer = torch.optim.Adam(agent.parameters(), lr=config.learning_rate, eps=1e-5, fused=True)
     normalizer = ObsNormalizer(obs_space.shape, clip=config.obs_clip, enabled=config.normalize_obs)

@@ -211,8 +211,8 @@ def export_run(run_dir: Path, *, signing_key: SigningKey, version: int | None = 
     obs_shape = tuple(int(d) for d in obs_space["shape"])
     agent = Agent(obs_dim=int(np.prod(obs_shape)),
                   action_dim=int(action_space["n"]) if discrete else int(np.prod(action_space["shape"])),
-                  discrete=discrete, hidden_sizes=config.hidden_sizes)
-    agent.load_state_dict(state["agent"])
+                  discrete=discrete, hidden_sizes=config.hidden_sizes, sde=config.use_sde)
+    agent.load_state_dict(state["agent"])  # the graph holds the mean only: gSDE's noise is for training
     graph = build_policy_graph(agent, normalizer_state=state["normalizer"], action_space=action_space)
     model = export_onnx(graph, obs_shape=obs_shape, action_space=action_space)
     max_abs_diff = verify_onnx(model, graph, obs_space=obs_space, action_space=action_space)

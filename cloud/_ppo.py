@@ -101,6 +101,12 @@ class PPOConfig:
     """Hidden layer widths of the actor and of the critic (tanh activations)."""
     init_log_std: float = 0.0
     """Initial log standard deviation of the Gaussian policy (Box actions only)."""
+    use_sde: bool = False
+    """Generalised state-dependent exploration (Box actions only; SB3's use_sde): the action noise is the actor's
+    last hidden features times a noise matrix redrawn every sde_sample_freq steps; init_log_std then sets that
+    matrix's scale. Not with the functions or fragments modes, whose remote actors add plain Gaussian noise."""
+    sde_sample_freq: int = -1
+    """Steps between two draws of the gSDE noise matrix; -1 draws it only at the start of each rollout."""
 
     # --- compute ---
     torch_threads: int = 1
@@ -111,6 +117,9 @@ class PPOConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"PPOConfig: {name} must be >= 1, got {getattr(self, name)}")
+        if self.sde_sample_freq == 0 or self.sde_sample_freq < -1:
+            raise ConfigError(f"PPOConfig: sde_sample_freq must be -1 (once per rollout) or >= 1, got "
+                              f"{self.sde_sample_freq}")
         if self.batch_size % self.num_minibatches:
             raise ConfigError(f"PPOConfig: num_envs * num_steps = {self.batch_size} must be divisible by "
                               f"num_minibatches = {self.num_minibatches}")
@@ -217,6 +226,8 @@ class RolloutCollector:
         truncations = np.zeros((t, n), dtype=bool)
         episodes: list[Episode] = []
         for step in range(t):
+            if agent.sde and (step == 0 or (agent.sde_sample_freq > 0 and step % agent.sde_sample_freq == 0)):
+                agent.reset_noise(n)
             obs[step] = self.next_obs
             with torch.inference_mode():
                 action = agent.sample_action(torch.from_numpy(normalizer(self.next_obs))).numpy()

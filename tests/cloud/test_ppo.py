@@ -297,3 +297,76 @@ def test_target_return_with_and_without_confirmation(tmp_path: Path) -> None:
     failing = train(env_id="CartPole-v1", total_steps=2560, run_dir=tmp_path / "failing", config=config,
                     target_return=10_000.0, confirm_episodes=3, progress=False)
     assert failing.solved_at_step is None and failing.global_step == 2560
+
+
+def test_gsde_samples_what_evaluate_actions_scores_and_holds_its_noise_between_draws() -> None:
+    torch.manual_seed(0)
+    agent = Agent(obs_dim=3, action_dim=2, discrete=False, hidden_sizes=(16, 8), init_log_std=-1.0, sde=True)
+    assert agent.actor_logstd.shape == (8, 2)  # one scale per (last hidden feature, action)
+    x = torch.randn(1, 3).repeat(20_000, 1)
+    with torch.no_grad():
+        actions = agent.sample_action(x)  # 20,000 streams, each with its own noise matrix: the marginal
+        logprob, entropy = agent.evaluate_actions(x[:1], actions[:1])
+        features, mean = agent._features(x[:1])
+        var = ((features**2) @ torch.exp(2 * agent.actor_logstd))[0]
+    np.testing.assert_allclose(actions.var(0), var, rtol=0.05)
+    np.testing.assert_allclose(actions.mean(0), mean[0], atol=4 * float(var.max().sqrt()) / 20_000**0.5)
+    expected = torch.distributions.Normal(mean, (var + 1e-6).sqrt()).log_prob(actions[:1]).sum(-1)
+    np.testing.assert_allclose(logprob, expected, rtol=1e-5)
+    assert torch.allclose(entropy, torch.distributions.Normal(mean, (var + 1e-6).sqrt()).entropy().sum(-1))
+    # The noise matrix is held until the next draw (smooth exploration), then changes.
+    with torch.no_grad():
+        probe = torch.randn(4, 3)
+        first = agent.sample_action(probe)
+        assert torch.equal(agent.sample_action(probe), first)
+        agent.reset_noise(4)
+        assert not torch.equal(agent.sample_action(probe), first)
+        assert torch.equal(agent.greedy_action(probe), agent.actor(probe))  # what the exported graph computes
+    with pytest.raises(ValueError, match="needs a Box action space"):
+        Agent(obs_dim=3, action_dim=2, discrete=True, hidden_sizes=(8,), sde=True)
+
+
+def test_gsde_config_is_checked_and_refused_where_it_cannot_act(tmp_path: Path) -> None:
+    from cloud._switching import SwitchingConfig
+
+    with pytest.raises(ConfigError, match=re.escape("sde_sample_freq must be -1 (once per rollout) or >= 1, got 0")):
+        PPOConfig(sde_sample_freq=0)
+    with pytest.raises(ConfigError, match=re.escape("use_sde (state-dependent exploration) needs a Box action space")):
+        train(env_id="CartPole-v1", total_steps=64, run_dir=tmp_path / "d", config=PPOConfig(use_sde=True),
+              progress=False, log=lambda _: None)
+    with pytest.raises(ConfigError, match=re.escape("train: --use-sde cannot run in mode functions")):
+        train(env_id="Pendulum-v1", total_steps=64, run_dir=tmp_path / "f", config=PPOConfig(use_sde=True),
+              switching=SwitchingConfig(modes=("functions",), control=False), progress=False, log=lambda _: None)
+
+
+def test_a_gsde_run_redraws_its_noise_resumes_and_exports_its_mean(tmp_path: Path) -> None:
+    from cloud._export import export_run
+    from device import SigningKey
+
+    config = PPOConfig(num_envs=2, num_steps=32, update_epochs=1, hidden_sizes=(8,), use_sde=True,
+                       sde_sample_freq=8, init_log_std=-2.0, env_mode="sync")
+    first = train(env_id="Pendulum-v1", total_steps=128, run_dir=tmp_path, seed=2, config=config,
+                  progress=False, log=lambda _: None)
+    again = train(env_id="Pendulum-v1", total_steps=256, run_dir=tmp_path, seed=2, resume=True, progress=False,
+                  log=lambda _: None)
+    assert (first.policy_version, again.policy_version) == (2, 4)
+    assert load_checkpoint(again.checkpoint)["agent"]["actor_logstd"].shape == (8, 1)
+    assert export_run(tmp_path, signing_key=SigningKey.generate()).bundle.manifest.version == 4
+    # Within a rollout the noise changes every sde_sample_freq steps, and not in between.
+    agent = Agent(obs_dim=3, action_dim=1, discrete=False, hidden_sizes=(8,), init_log_std=-1.0, sde=True,
+                  sde_sample_freq=8)
+    envs = make_vector_env("Pendulum-v1", num_envs=2, seed=0)
+    draws: list[int] = []
+    original = agent.reset_noise
+
+    def counting(streams: int) -> None:
+        draws.append(streams)
+        original(streams)
+
+    agent.reset_noise = counting  # type: ignore[method-assign]
+    try:
+        RolloutCollector(envs, num_steps=32).collect(agent, ObsNormalizer((3,), clip=10.0), policy_version=0,
+                                                     global_step=0)
+    finally:
+        envs.close()
+    assert draws == [2, 2, 2, 2]  # steps 0, 8, 16, 24
