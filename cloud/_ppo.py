@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cloud._losses import compute_gae, normalize_advantages, policy_loss, total_loss, value_loss
-from device import ConfigError, RolloutBatch
+from device import ConfigError, RolloutBatch, config_from_dict
 
 if TYPE_CHECKING:
     import gymnasium
@@ -154,12 +154,7 @@ class PPOConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> PPOConfig:
         """Inverse of `to_dict`; unknown keys are an error."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
-        if unknown:
-            raise ConfigError(f"PPOConfig.from_dict: unknown fields {unknown}; known: {sorted(names)}")
-        kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-        return cls(**kwargs)
+        return config_from_dict(cls, values)
 
     @classmethod
     def from_flags(cls, args: Any, *, resume_from: Any = None) -> PPOConfig:

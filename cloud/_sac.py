@@ -36,7 +36,7 @@ import numpy as np
 from cloud._envs import episode_returns
 from cloud._errors import CloudError
 from cloud._replay import Replay, ReplayConfig, ReplayStats, SampleBatch, Signature, annealed_beta, make_replay
-from device import Bundle, ConfigError, SigningKey, build_bundle, require, space_bounds
+from device import Bundle, ConfigError, SigningKey, build_bundle, config_from_dict, require, space_bounds
 
 if TYPE_CHECKING:
     import torch
@@ -136,12 +136,7 @@ class SACConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SACConfig:
         """Inverse of `to_dict`; unknown keys are an error."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
-        if unknown:
-            raise ConfigError(f"SACConfig.from_dict: unknown fields {unknown}; known: {sorted(names)}")
-        kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-        return cls(**kwargs)
+        return config_from_dict(cls, values)
 
 
 # -- pure loss functions ---------------------------------------------------------------------------------
@@ -646,11 +641,11 @@ def train_sac(config: SACConfig | None, *, env_id: str, run_dir: Path, seed: int
         ConfigError: Bad arguments, a fresh run into a dir that already holds a run (checkpoints or a
             policy.onnx: never overwritten), or a resume without a SAC checkpoint.
     """
-    from cloud._checkpoint import latest_checkpoint, load_checkpoint
+    from cloud._checkpoint import latest_checkpoint
     from cloud._control import SWITCHES_FILE
     from cloud._export import default_policy_name
-    from cloud._metrics import METRICS_FILE, MetricsWriter
-    from cloud._stop import Checkpointer, stop_line, stop_signals, trim_jsonl
+    from cloud._metrics import MetricsWriter
+    from cloud._stop import Checkpointer, resume_state, stop_line, stop_signals
 
     if total_steps < 1:
         raise ConfigError(f"train_sac: total_steps must be >= 1, got {total_steps}")
@@ -660,22 +655,10 @@ def train_sac(config: SACConfig | None, *, env_id: str, run_dir: Path, seed: int
     newest = latest_checkpoint(run_dir)
     state: dict[str, Any] | None = None
     if resume:
-        if newest is None:
-            left = " (it holds a policy.onnx of a run that wrote no checkpoints; it is not overwritten)" \
-                if (run_dir / "policy.onnx").exists() else ""
-            raise ConfigError(f"train_sac: --resume given but run dir {str(run_dir)!r} has no checkpoint{left}; "
-                              "drop --resume and choose a new --run-dir")
-        state = load_checkpoint(newest)
-        if state.get("algo") != "sac":
-            raise ConfigError(f"train_sac: run dir {str(run_dir)!r} holds a {state.get('algo', 'ppo')!r} run; "
-                              f"resume it with --algo {state.get('algo', 'ppo')}")
-        if state["env_id"] != env_id:
-            raise ConfigError(f"train_sac: run dir {str(run_dir)!r} trains {state['env_id']!r}, not {env_id!r}; "
-                              f"resume with --env {state['env_id']}")
+        left = " (it holds a policy.onnx of a run that wrote no checkpoints; it is not overwritten)" \
+            if (run_dir / "policy.onnx").exists() else ""
+        state = resume_state(run_dir, env_id=env_id, algo="sac", caller="train_sac", hint=left)
         config = config or SACConfig.from_dict(state["config"])
-        stop_at = int(state["version"])
-        trim_jsonl(run_dir / METRICS_FILE, lambda r: int(r.get("policy_version", 0)) <= stop_at)
-        trim_jsonl(run_dir / SWITCHES_FILE, lambda r: int(r.get("at_version", 0)) <= stop_at)
     elif newest is not None or (run_dir / "policy.onnx").exists():
         raise ConfigError(f"train_sac: run dir {str(run_dir)!r} already holds a run; pass --resume to continue it "
                           "or choose another --run-dir (a trained policy is never overwritten)")

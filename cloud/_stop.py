@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from cloud._checkpoint import checkpoint_path, save_checkpoint
-from device import write_atomic
+from cloud._checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, save_checkpoint
+from device import ConfigError, write_atomic
 
 _SIGNALS = ("SIGTERM", "SIGHUP")
 """Signals turned into `StopSignal` (SIGINT already raises KeyboardInterrupt)."""
@@ -259,3 +259,35 @@ def trim_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> int:
     if dropped:
         write_atomic(path, "".join(f"{line}\n" for line in kept))
     return dropped
+
+
+def resume_state(run_dir: Path, *, env_id: str, algo: str, caller: str, hint: str = "",
+                 trim: bool = True) -> dict[str, Any]:
+    """The newest checkpoint of the run `run_dir` holds, checked to be a `algo` run of `env_id`.
+
+    With `trim`, the run's ``metrics.jsonl`` and ``switches.jsonl`` lose their lines past the checkpoint's version
+    (the run may have gone on past it before a kill; a resumed run would log them twice). One reading for every
+    learner that resumes (`cloud._train`, `cloud._sac`, `cloud.hybrid`), so each refuses the same way.
+
+    Raises:
+        ConfigError: No checkpoint (`hint` is appended to the message), a run of another algorithm or env.
+    """
+    from cloud._control import SWITCHES_FILE
+    from cloud._metrics import METRICS_FILE
+
+    path = latest_checkpoint(run_dir)
+    if path is None:
+        raise ConfigError(f"{caller}: --resume given but run dir {str(run_dir)!r} has no checkpoint{hint}; "
+                          "drop --resume to start a new run")
+    state = load_checkpoint(path)
+    found = state.get("algo", "ppo")
+    if found != algo:
+        raise ConfigError(f"{caller}: run dir {str(run_dir)!r} holds a {found!r} run; resume it with --algo {found}")
+    if state["env_id"] != env_id:
+        raise ConfigError(f"{caller}: run dir {str(run_dir)!r} trains {state['env_id']!r}, not {env_id!r}; "
+                          f"resume with --env {state['env_id']}")
+    if trim:
+        stop_at = int(state["version"])
+        trim_jsonl(Path(run_dir) / METRICS_FILE, lambda r: int(r.get("policy_version", 0)) <= stop_at)
+        trim_jsonl(Path(run_dir) / SWITCHES_FILE, lambda r: int(r.get("at_version", 0)) <= stop_at)
+    return state

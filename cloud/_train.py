@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from cloud._checkpoint import latest_checkpoint, load_checkpoint
+from cloud._checkpoint import latest_checkpoint
 from cloud._control import SWITCHES_FILE
 from cloud._envs import make_vector_env, probe_spaces
-from cloud._metrics import METRICS_FILE, MetricsWriter
+from cloud._metrics import MetricsWriter
 from cloud._ppo import Episode, PPOConfig, ppo_update
-from cloud._stop import Checkpointer, clone_state, stop_line, stop_signals, trim_jsonl
+from cloud._stop import Checkpointer, clone_state, resume_state, stop_line, stop_signals
 from cloud._switcher import SwitchEvent, SwitchRules
 from cloud._switching import FRAGMENT_MODES, JobControl, PolicyPublisher, SwitchingConfig, build_switcher
 from device import ConfigError, require, space_to_json
@@ -134,19 +134,8 @@ def train(
                           f"and {confirm_episodes}")
     state: dict[str, Any] | None = None
     if resume:
-        path = latest_checkpoint(run_dir)
-        if path is None:
-            raise ConfigError(f"train: --resume given but run dir {str(run_dir)!r} has no checkpoint; "
-                              "drop --resume to start a new run")
-        state = load_checkpoint(path)
-        if state["env_id"] != env_id:
-            raise ConfigError(f"train: run dir {str(run_dir)!r} trains {state['env_id']!r}, not {env_id!r}; "
-                              f"resume with --env {state['env_id']}")
+        state = resume_state(run_dir, env_id=env_id, algo="ppo", caller="train")
         config = config or PPOConfig.from_dict(state["config"])
-        # The run may have gone on past this checkpoint (a kill): its later lines would be logged twice.
-        stop_at = int(state["version"])
-        trim_jsonl(run_dir / METRICS_FILE, lambda r: int(r.get("policy_version", 0)) <= stop_at)
-        trim_jsonl(run_dir / SWITCHES_FILE, lambda r: int(r.get("at_version", 0)) <= stop_at)
     elif latest_checkpoint(run_dir) is not None:
         raise ConfigError(f"train: run dir {str(run_dir)!r} already has checkpoints; pass --resume to continue "
                           "that run or choose another --run-dir")

@@ -21,7 +21,7 @@ from device._bundle_errors import (
     VerifierStateError,
     WrongTierError,
 )
-from device._config import add_config_arguments, config_from_args, field_docs
+from device._config import add_config_arguments, config_from_args, config_from_dict, field_docs
 from device._deps import require
 from device._device_run import (
     Decision,
@@ -96,6 +96,7 @@ __all__ = [
     "atomic_file",
     "build_bundle",
     "config_from_args",
+    "config_from_dict",
     "export_c",
     "field_docs",
     "fsync_dir",

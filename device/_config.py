@@ -16,6 +16,8 @@ import types
 import typing
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
+from device._errors import ConfigError
+
 T = TypeVar("T")
 
 
@@ -102,3 +104,16 @@ def config_from_args(cls: type[T], namespace: argparse.Namespace, **overrides: A
             values[f.name] = tuple(value) if isinstance(value, list) else value
     values.update(overrides)
     return cls(**values)
+
+
+def config_from_dict(cls: type[T], values: dict[str, Any]) -> T:
+    """Build `cls` from the JSON-ready values its ``to_dict`` wrote (lists become tuples); unknown keys are an error.
+
+    Raises:
+        ConfigError: `values` names a field `cls` does not have (a checkpoint from another version, a typo).
+    """
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ConfigError(f"{cls.__name__}.from_dict: unknown fields {unknown}; known: {sorted(names)}")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})

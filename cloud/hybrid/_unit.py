@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from cloud._checkpoint import latest_checkpoint, load_checkpoint
+from cloud._checkpoint import latest_checkpoint
 from cloud._control import SWITCHES_FILE
 from cloud._errors import HybridError
-from cloud._stop import Checkpointer, trim_jsonl
+from cloud._stop import Checkpointer, resume_state
 from cloud._switcher import SwitchEvent
 from cloud.hybrid._config import UnitSpec
 from device import ConfigError, require, space_to_json
@@ -154,14 +154,10 @@ def _resume_state(spec: UnitSpec) -> dict[str, Any] | None:
     if not (spec.resume or restarted):
         raise ConfigError(f"train: run dir {str(spec.run_dir)!r} already has checkpoints; pass --resume to "
                           "continue that run or choose another --run-dir")
-    state = load_checkpoint(path)
-    if state["env_id"] != spec.env_id:
-        raise ConfigError(f"train: run dir {str(spec.run_dir)!r} trains {state['env_id']!r}, not "
-                          f"{spec.env_id!r}; resume with --env {state['env_id']}")
-    if int(os.environ.get("RANK", "0")) == 0:
+    leader = int(os.environ.get("RANK", "0")) == 0
+    state = resume_state(Path(spec.run_dir), env_id=spec.env_id, algo="ppo", caller="train", trim=leader)
+    if leader:
         version = int(state["version"])
-        trim_jsonl(Path(spec.run_dir) / "metrics.jsonl", lambda record: int(record["policy_version"]) <= version)
-        trim_jsonl(Path(spec.run_dir) / SWITCHES_FILE, lambda record: int(record["at_version"]) <= version)
         if restarted:
             print(f"strata train: the unit group was restarted (restart "
                   f"{os.environ['TORCHELASTIC_RESTART_COUNT']}): every unit resumes from {path} (policy version "

@@ -245,10 +245,14 @@ def test_resume_continues_the_version_lineage(tmp_path: Path) -> None:
     assert any("charts/episodic_return" in r for r in records)
 
 
-def test_resume_without_checkpoint_is_refused(tmp_path: Path) -> None:
+def test_resume_without_checkpoint_or_of_another_algorithm_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=re.escape("--resume given but run dir")):
         train(env_id="CartPole-v1", total_steps=100, run_dir=tmp_path, resume=True, progress=False)
-
+    # A SAC run's checkpoint is not read as PPO's (its config would fail as "unknown fields", naming nothing useful).
+    save_checkpoint(tmp_path, {"algo": "sac", "env_id": "Pendulum-v1", "version": 3, "config": {"tau": 0.005}})
+    with pytest.raises(ConfigError, match=re.escape(f"train: run dir {str(tmp_path)!r} holds a 'sac' run; resume "
+                                                    "it with --algo sac")):
+        train(env_id="Pendulum-v1", total_steps=100, run_dir=tmp_path, resume=True, progress=False)
 
 
 def test_progress_bar_and_progress_lines(tmp_path: Path) -> None:
