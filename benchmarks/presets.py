@@ -14,7 +14,7 @@ Hopper-v5) run a fixed 100k steps and compare the mean of the last 10 training e
     .venv/bin/python benchmarks/presets.py --family mujoco      # the MuJoCo comparison at 100k steps (slow)
     .venv/bin/python benchmarks/presets.py --only ppo/Pendulum-v1 --only sac/Pendulum-v1 --seeds 3
     .venv/bin/python benchmarks/presets.py --quick              # classic control, 1 seed, each run capped at
-                                                                # 10k steps: a smoke pass, not the figures
+                                                                # 1k steps: a smoke pass, not the figures
 
 The last line of output is one JSON object with every run and, per case, strata's and SB3's medians.
 """
@@ -33,7 +33,7 @@ from typing import Any
 
 WINDOW = 20
 MUJOCO_STEPS = 100_000
-QUICK_CAP = 10_000
+QUICK_CAP = 1_000
 
 FAMILIES = {
     "classic": ["ppo/CartPole-v1", "ppo/Acrobot-v1", "ppo/MountainCar-v0", "ppo/MountainCarContinuous-v0",
@@ -249,7 +249,19 @@ def main() -> None:
     print("medians per case:")
     for case, per in summary.items():
         print(f"  {case}: " + "; ".join(f"{k} {v}" for k, v in per.items()))
-    print(json.dumps({"benchmark": "presets", "quick": args.quick, "seeds": seeds, "summary": summary, "runs": runs}))
+    # A run that ended no episode has a NaN return: null in the JSON line, which strict parsers accept.
+    print(json.dumps(_nan_to_none({"benchmark": "presets", "quick": args.quick, "seeds": seeds, "summary": summary,
+                                   "runs": runs}), allow_nan=False))
+
+
+def _nan_to_none(value: Any) -> Any:
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan_to_none(v) for v in value]
+    return value
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ def test_a_preset_fills_the_flags_that_were_not_given() -> None:
 
 
 def test_presets_nobody_ran_say_so() -> None:
-    lunar = find_preset("ppo", "LunarLander-v3")
+    lunar = find_preset("sac", "LunarLanderContinuous-v3")
     assert lunar is not None and not lunar.is_verified and UNVERIFIED in lunar.verified
     pendulum = find_preset("ppo", "Pendulum-v1")
     assert pendulum is not None and pendulum.is_verified
