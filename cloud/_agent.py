@@ -1,7 +1,8 @@
 """PPO's networks and observation normaliser: a separate actor and critic MLP, as in CleanRL.
 
 The actor outputs Categorical logits for a Discrete action space, or the mean of a diagonal
-Gaussian (with a learned, state-independent log standard deviation) for a Box action space.
+Gaussian for a Box action space: with a learned, state-independent log standard deviation, or with gSDE
+(``PPOConfig.use_sde``) noise that is the actor's last hidden features times a matrix held between draws.
 `ObsNormalizer` keeps running mean and variance of raw observations; the learner freezes it
 during a rollout, so policy version ``v`` is the pair (network weights, normaliser statistics) and
 the exported graph computes exactly what acted. `RewardScaler` (``PPOConfig.normalize_reward``) scales the
@@ -265,6 +266,15 @@ class RewardScaler:
         self.running = {}
 
 
+def check_action_space(config: PPOConfig, action_space: Any) -> None:
+    """Refuse settings the env's action space cannot take (gSDE needs Box actions), before anything starts."""
+    import gymnasium as gym
+
+    if config.use_sde and isinstance(action_space, gym.spaces.Discrete):
+        raise ConfigError(f"PPOConfig: use_sde (state-dependent exploration) needs a Box action space, not "
+                          f"{action_space}; drop --use-sde")
+
+
 def build_learner(obs_space: Any, action_space: Any, config: PPOConfig, state: dict[str, Any] | None
                   ) -> tuple[Agent, torch.optim.Optimizer, ObsNormalizer, RewardScaler, collections.deque[float]]:
     """The PPO learner for these gymnasium spaces: agent, Adam, normaliser, reward scaler and recent returns.
@@ -277,10 +287,8 @@ def build_learner(obs_space: Any, action_space: Any, config: PPOConfig, state: d
     """
     import gymnasium as gym
 
+    check_action_space(config, action_space)
     discrete = isinstance(action_space, gym.spaces.Discrete)
-    if discrete and config.use_sde:
-        raise ConfigError(f"PPOConfig: use_sde (state-dependent exploration) needs a Box action space, not "
-                          f"{action_space}; drop --use-sde")
     action_dim = int(action_space.n) if discrete else int(np.prod(action_space.shape or ()))
     agent = Agent(obs_dim=int(np.prod(obs_space.shape)), action_dim=action_dim, discrete=discrete,
                   hidden_sizes=config.hidden_sizes, init_log_std=config.init_log_std, sde=config.use_sde,

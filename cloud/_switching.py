@@ -86,6 +86,15 @@ class PolicyPublisher:
         return data
 
 
+def check_exploration(config: Any, modes: tuple[str, ...]) -> None:
+    """Refuse gSDE in fragment modes: their remote actors add plain Gaussian noise, not the learner's policy."""
+    fragment_modes = [m for m in modes if m in FRAGMENT_MODES]
+    if fragment_modes and getattr(config, "use_sde", False):
+        raise ConfigError(f"train: --use-sde cannot run in mode {fragment_modes[0]}: its remote actors add plain "
+                          "Gaussian noise, so their actions would not follow the learner's policy; drop --use-sde "
+                          "or that mode")
+
+
 def build_switcher(*, env_id: str, config: Any, switching: SwitchingConfig, rules: SwitchRules, run_dir: Path,
                    seed: int, agent: Any, normalizer: Any, publisher: PolicyPublisher | None,
                    log: Callable[[str], None], first_version: int = 0,
@@ -103,11 +112,7 @@ def build_switcher(*, env_id: str, config: Any, switching: SwitchingConfig, rule
                           f"{sorted({*VECTOR_ENV_MODES, *FRAGMENT_MODES})}")
     if len(set(modes)) != len(modes):
         raise ConfigError(f"train: --modes {','.join(modes)} names a mode twice")
-    fragment_modes = [m for m in modes if m in FRAGMENT_MODES]
-    if fragment_modes and getattr(config, "use_sde", False):
-        raise ConfigError(f"train: --use-sde cannot run in mode {fragment_modes[0]}: its remote actors add plain "
-                          "Gaussian noise, so their actions would not follow the learner's policy; drop --use-sde "
-                          "or that mode")
+    check_exploration(config, modes)
     if any(m in FRAGMENT_MODES for m in modes) and publisher is None:
         raise ConfigError("train: fragment modes need a policy publisher")
     builders: dict[str, Callable[[], RolloutSource]] = {}

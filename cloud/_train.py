@@ -35,7 +35,14 @@ from cloud._metrics import MetricsWriter
 from cloud._ppo import Episode, PPOConfig, ppo_update
 from cloud._stop import Checkpointer, clone_state, resume_state, stop_line, stop_signals
 from cloud._switcher import SwitchEvent, SwitchRules
-from cloud._switching import FRAGMENT_MODES, JobControl, PolicyPublisher, SwitchingConfig, build_switcher
+from cloud._switching import (
+    FRAGMENT_MODES,
+    JobControl,
+    PolicyPublisher,
+    SwitchingConfig,
+    build_switcher,
+    check_exploration,
+)
 from device import ConfigError, require, space_to_json
 
 RETURN_WINDOW = 20
@@ -124,7 +131,7 @@ def train(
     """
     torch = require("torch", extra="cloud", purpose="the PPO learner")
     gym = require("gymnasium", extra="cloud", purpose="training environments")
-    from cloud._agent import build_learner
+    from cloud._agent import build_learner, check_action_space
 
     run_dir = Path(run_dir)
     if total_steps < 1:
@@ -148,7 +155,9 @@ def train(
     generator = np.random.default_rng([seed, version])
     env_seed = seed if version == 0 else seed + 104729 * version
     switching = switching or SwitchingConfig(control=False)
+    check_exploration(config, switching.modes)
     obs_space, action_space = probe_spaces(env_id)
+    check_action_space(config, action_space)
     switcher = None
     control: JobControl | None = None
     checkpointer = Checkpointer(run_dir, keep_every=checkpoint_every, start_version=version)

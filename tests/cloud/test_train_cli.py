@@ -73,6 +73,22 @@ def test_an_env_whose_optional_package_is_missing_is_a_one_line_error(env_id: st
     assert f"strata train: error: train: {env_id!r} needs" in result.stderr and package in result.stderr
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--env", "CartPole-v1", "--use-sde"), "strata train: error: PPOConfig: use_sde (state-dependent exploration) "
+                                            "needs a Box action space, not Discrete(2); drop --use-sde"),
+    (("--env", "Pendulum-v1", "--use-sde", "--modes", "functions"),
+     "strata train: error: train: --use-sde cannot run in mode functions"),
+    (("--env", "Pendulum-v1", "--sde-sample-freq", "0"),
+     "strata train: error: PPOConfig: sde_sample_freq must be -1 (once per rollout) or >= 1, got 0"),
+])
+def test_gsde_where_it_cannot_act_is_one_line_before_anything_starts(flags: tuple[str, ...], message: str,
+                                                                     tmp_path: Path) -> None:
+    result = run_strata("train", *flags, "--total-steps", "64", "--run-dir", str(tmp_path / "r"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and message in result.stderr
+    assert "stopped by" not in result.stdout and not (tmp_path / "r").exists()
+
+
 def test_a_negative_phase_steps_is_refused(tmp_path: Path) -> None:
     result = run_strata("train", "--env", "CartPole-v1", "--total-steps", "64", "--run-dir", str(tmp_path / "r"),
                         "--modes", "sync", "colocated", "--phase-steps", "-1", *TINY)
