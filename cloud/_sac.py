@@ -645,7 +645,7 @@ def train_sac(config: SACConfig | None, *, env_id: str, run_dir: Path, seed: int
     from cloud._control import SWITCHES_FILE
     from cloud._export import default_policy_name
     from cloud._metrics import MetricsWriter
-    from cloud._stop import Checkpointer, resume_state, stop_line, stop_signals
+    from cloud._stop import Checkpointer, resume_state, stop_signals
 
     if total_steps < 1:
         raise ConfigError(f"train_sac: total_steps must be >= 1, got {total_steps}")
@@ -722,11 +722,7 @@ def train_sac(config: SACConfig | None, *, env_id: str, run_dir: Path, seed: int
                              eval_returns=eval_returns, train_returns=list(trainer.train_returns), model=model,
                              bundle=bundle, replay=trainer.replay.stats())
         except BaseException as exc:
-            path = checkpointer.final()
-            committed = checkpointer.committed
-            log(stop_line(what="strata train", exc=exc, path=path, version=checkpointer.version,
-                          step=int(committed["global_step"]) if committed else trainer.global_step,
-                          resume_command=resume_command))
+            log(checkpointer.stopped(exc, step=trainer.global_step, resume_command=resume_command))
             raise
         finally:
             checkpointer.close()

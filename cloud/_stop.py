@@ -216,6 +216,16 @@ class Checkpointer:
             self._drop_rolled(below=version)
         return self.last_path
 
+    def stopped(self, exc: BaseException, *, step: int, resume_command: str, what: str = "strata train") -> str:
+        """The stop path of a learner: write the last commit (`final`) and return the one line to print.
+
+        `step` is the learner's own step count, used only when nothing was committed yet.
+        """
+        path = self.final()
+        committed = int(self._committed["global_step"]) if self._committed else step
+        return stop_line(what=what, exc=exc, path=path, step=committed, version=self.version,
+                         resume_command=resume_command)
+
     def close(self) -> None:
         """Stop the rolling writer (after its current write)."""
         with self._cond:

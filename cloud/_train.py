@@ -33,7 +33,7 @@ from cloud._control import SWITCHES_FILE
 from cloud._envs import make_vector_env, probe_spaces
 from cloud._metrics import MetricsWriter
 from cloud._ppo import Episode, PPOConfig, ppo_update
-from cloud._stop import Checkpointer, clone_state, resume_state, stop_line, stop_signals
+from cloud._stop import Checkpointer, clone_state, resume_state, stop_signals
 from cloud._switcher import SwitchEvent, SwitchRules
 from cloud._switching import (
     FRAGMENT_MODES,
@@ -254,10 +254,7 @@ def train(
             switches = tuple(switcher.history)
         except BaseException as exc:
             # The stop path: the last completed update is written first, before closing anything can hang or fail.
-            path = checkpointer.final()
-            committed_step = int(checkpointer.committed["global_step"]) if checkpointer.committed else global_step
-            log(stop_line(what="strata train", exc=exc, path=path, step=committed_step, version=checkpointer.version,
-                          resume_command=resume_command))
+            log(checkpointer.stopped(exc, step=global_step, resume_command=resume_command))
             raise
         finally:
             checkpointer.close()
