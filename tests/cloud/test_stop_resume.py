@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +44,22 @@ def metric_lines(run: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def start_train(run: Path, *extra: str) -> subprocess.Popen[str]:
-    """`strata train` with a budget it never reaches; its output goes to files (a pipe would stay open as long
-    as any child that inherited it lives, hiding the failure this module looks for)."""
+@contextlib.contextmanager
+def training(run: Path, *extra: str) -> Iterator[subprocess.Popen[str]]:
+    """`strata train` with a budget it never reaches, killed on the way out if the test left it running; its output
+    goes to files (a pipe would stay open as long as any child that inherited it lives, hiding the failure this
+    module looks for)."""
     run.parent.mkdir(parents=True, exist_ok=True)
     with (run.parent / "stdout").open("w") as out, (run.parent / "stderr").open("w") as err:
-        return subprocess.Popen([STRATA, "train", "--env", "CartPole-v1", "--total-steps", "10000000", "--run-dir",
+        proc = subprocess.Popen([STRATA, "train", "--env", "CartPole-v1", "--total-steps", "10000000", "--run-dir",
                                  str(run), "--checkpoint-every", "1000", *TINY, *extra], stdout=out, stderr=err,
                                 text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def stopped(proc: subprocess.Popen[str], run: Path) -> tuple[str, str]:
@@ -77,15 +86,10 @@ def assert_resumes_exactly(run: Path, updates_more: int = 2) -> None:
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_checkpoints_the_last_update_and_resume_continues(signum: int, status: int, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = start_train(run, "--env-mode", "sync")
-    try:
+    with training(run, "--env-mode", "sync") as proc:
         wait_for(lambda: metric_lines(run) >= 3, "three updates")
         proc.send_signal(signum)
         out, err = stopped(proc, run)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == status, err
     assert "Traceback" not in err
     [line] = [line for line in out.splitlines() if "stopped by" in line]
@@ -240,8 +244,7 @@ def shm_segments(pid: int) -> list[str]:
 def test_nothing_outlives_the_trainer_in_any_mode(signum: int, tmp_path: Path) -> None:
     """Functions (runtime + workers), decoupled (2 env services) and co-located (pool workers), all warm."""
     run = tmp_path / "run"
-    proc = start_train(run, "--modes", "functions", "decoupled", "colocated", "--fragment-steps", "16")
-    try:
+    with training(run, "--modes", "functions", "decoupled", "colocated", "--fragment-steps", "16") as proc:
         wait_for(lambda: metric_lines(run) >= 3, "three updates in the functions mode")
         children = descendants(proc.pid)
         lines = [cmdline(pid) for pid in children]
@@ -251,10 +254,6 @@ def test_nothing_outlives_the_trainer_in_any_mode(signum: int, tmp_path: Path) -
         assert shm_segments(proc.pid), "the co-located pool's shared memory"
         proc.send_signal(signum)
         out, err = stopped(proc, run)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == -signum if signum == signal.SIGKILL else 143, err
     wait_for(lambda: not still_running(children), f"every child of the trainer to exit after {signum.name}")
     wait_for(lambda: not shm_segments(proc.pid), "the pool's shared memory to be unlinked")
@@ -284,8 +283,7 @@ def switch_records(run: Path) -> list[dict[str, Any]]:
 
 def test_a_dead_env_service_fails_over_to_colocated_and_is_logged(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = start_train(run, "--modes", "decoupled", "colocated")
-    try:
+    with training(run, "--modes", "decoupled", "colocated") as proc:
         wait_for(lambda: metric_lines(run) >= 3, "three updates in the decoupled mode")
         kill_one_env_service(proc)
         failover = wait_for(lambda: [r for r in switch_records(run) if r["trigger"] == "auto"], "the failover")
@@ -294,10 +292,6 @@ def test_a_dead_env_service_fails_over_to_colocated_and_is_logged(tmp_path: Path
         children = descendants(proc.pid)
         proc.send_signal(signal.SIGTERM)
         out, err = stopped(proc, run)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 143, err
     [event] = failover
     assert (event["from_mode"], event["to_mode"]) == ("decoupled", "colocated")
@@ -309,15 +303,10 @@ def test_a_dead_env_service_fails_over_to_colocated_and_is_logged(tmp_path: Path
 
 def test_a_dead_env_service_with_nowhere_to_go_stops_the_run_with_a_checkpoint(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = start_train(run, "--modes", "decoupled")
-    try:
+    with training(run, "--modes", "decoupled") as proc:
         wait_for(lambda: metric_lines(run) >= 3, "three updates in the decoupled mode")
         kill_one_env_service(proc)
         out, err = stopped(proc, run)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 2, err
     assert "Traceback" not in err and "strata train: error: DecoupledVectorEnv: env service" in err
     [line] = [line for line in out.splitlines() if "stopped by" in line]
