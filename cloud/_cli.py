@@ -67,7 +67,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="also checkpoint every this many updates (SAC: commits of --log-every env steps; "
                        "default: %(default)s); every stop writes one")
     add_config_arguments(train.add_argument_group("PPO hyperparameters (PPOConfig)"), PPOConfig)
-    add_config_arguments(train.add_argument_group("SAC hyperparameters (SACConfig, --algo sac)"), SACConfig,
+    add_config_arguments(train.add_argument_group(
+        "SAC hyperparameters (SACConfig, --algo sac; the PPO flags SAC shares, such as --gamma, --hidden-sizes and "
+        "--use-sde, take SACConfig's defaults with --algo sac)"), SACConfig,
                          skip={f.name for f in dataclasses.fields(PPOConfig)})
     add_config_arguments(train.add_argument_group(
         "execution modes and live switching (SwitchingConfig): e.g. --modes colocated decoupled functions"),

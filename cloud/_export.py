@@ -252,7 +252,8 @@ def _export_sac(run_dir: Path, state: dict[str, Any], *, signing_key: SigningKey
     obs_shape = tuple(int(d) for d in obs_space["shape"])
     low, high = (np.asarray(b, dtype=np.float64).reshape(-1) for b in space_bounds(action_space))
     hidden = tuple(int(h) for h in state["config"]["hidden_sizes"])
-    actor_cls, _, policy_cls = _build_networks(int(np.prod(obs_shape)), int(low.size), hidden, low, high)
+    sde = bool(state["config"].get("use_sde", False))  # checkpoints from before gSDE lack the field
+    actor_cls, _, policy_cls = _build_networks(int(np.prod(obs_shape)), int(low.size), hidden, low, high, sde=sde)
     actor = actor_cls()
     actor.load_state_dict(state["actor"])
     graph = policy_cls(actor).eval()

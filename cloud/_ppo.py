@@ -103,10 +103,12 @@ class PPOConfig:
     """Initial log standard deviation of the Gaussian policy (Box actions only)."""
     use_sde: bool = False
     """Generalised state-dependent exploration (Box actions only; SB3's use_sde): the action noise is the actor's
-    last hidden features times a noise matrix redrawn every sde_sample_freq steps; init_log_std then sets that
-    matrix's scale. Not with the functions or fragments modes, whose remote actors add plain Gaussian noise."""
+    last hidden features times a noise matrix redrawn every sde_sample_freq steps; init_log_std (SAC:
+    sde_log_std_init) then sets that matrix's scale. PPO: not with the functions or fragments modes, whose remote
+    actors add plain Gaussian noise."""
     sde_sample_freq: int = -1
-    """Steps between two draws of the gSDE noise matrix; -1 draws it only at the start of each rollout."""
+    """Steps between two draws of the gSDE noise matrix; -1 draws it only at the start of each rollout (SAC: of
+    each episode)."""
 
     # --- compute ---
     torch_threads: int = 1

@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 
 LOG_STD_MIN = -5.0
 LOG_STD_MAX = 2.0
+SDE_CLIP_MEAN = 2.0
+"""With gSDE the pre-squash mean is clipped to +-this (SB3's ``clip_mean``): tanh(2) is 0.96 of the bound."""
+SDE_VARIANCE_EPS = 1e-6
+"""Added to gSDE's per-action variance (SB3's epsilon), so features of zero still give a finite log-prob."""
 
 
 class SACError(CloudError):
@@ -80,6 +84,15 @@ class SACConfig:
     """Initial (or, without autotune, fixed) entropy temperature."""
     target_entropy_scale: float = 1.0
     """Target entropy is -target_entropy_scale * action dimensions."""
+    # exploration
+    use_sde: bool = False
+    """Generalised state-dependent exploration (gSDE, SB3's ``use_sde``): the action noise is the actor's last
+    hidden features times a noise matrix held for `sde_sample_freq` env steps, so exploration is smooth in time
+    (what finds MountainCarContinuous' goal); the log-std is a learned matrix, not a network head."""
+    sde_sample_freq: int = -1
+    """With use_sde: redraw the exploration matrix every this many env steps; -1 at each episode's start."""
+    sde_log_std_init: float = -3.0
+    """With use_sde: initial value of every entry of the learned log-std matrix (SB3's ``log_std_init``)."""
     # replay
     buffer_size: int = 100_000
     """Replay capacity in transitions."""
@@ -115,6 +128,9 @@ class SACConfig:
         if self.rate_limit_slack < 1.0:
             raise ConfigError(f"SACConfig: rate_limit_slack={self.rate_limit_slack} must be at least 1 (one batch), "
                               "or inserts and samples could both wait forever")
+        if self.sde_sample_freq == 0 or self.sde_sample_freq < -1:
+            raise ConfigError(f"SACConfig: sde_sample_freq={self.sde_sample_freq} must be -1 (each episode) or a "
+                              "positive number of env steps")
         if self.learning_starts < self.batch_size:
             raise ConfigError(f"SACConfig: learning_starts={self.learning_starts} is below batch_size="
                               f"{self.batch_size}; collect at least one batch before learning")
@@ -208,7 +224,8 @@ def polyak_update(target: list[torch.Tensor], online: list[torch.Tensor], tau: f
 # -- networks --------------------------------------------------------------------------------------------
 
 
-def _build_networks(obs_dim: int, act_dim: int, hidden: tuple[int, ...], low: np.ndarray, high: np.ndarray) -> Any:
+def _build_networks(obs_dim: int, act_dim: int, hidden: tuple[int, ...], low: np.ndarray, high: np.ndarray, *,
+                    sde: bool = False, sde_log_std_init: float = -3.0) -> Any:
     import torch
     from torch import nn
 
@@ -235,7 +252,13 @@ def _build_networks(obs_dim: int, act_dim: int, hidden: tuple[int, ...], low: np
             return x.squeeze(-1)  # [2, B]
 
     class Actor(nn.Module):
-        """Tanh-squashed Gaussian policy; the action bounds are buffers so export needs no extra state."""
+        """Tanh-squashed Gaussian policy; the action bounds are buffers so export needs no extra state.
+
+        Without gSDE the log-std is a network head (CleanRL's bounded tanh parameterisation); with it
+        (`sde`), a learned ``[features, actions]`` matrix: the pre-squash noise is the detached last hidden
+        features times ``exp(log_std) * eps`` for a standard-normal matrix ``eps`` the caller holds (SB3's
+        StateDependentNoiseDistribution with ``full_std``), and the mean is clipped to +-`SDE_CLIP_MEAN`.
+        """
 
         action_scale: torch.Tensor
         action_bias: torch.Tensor
@@ -249,9 +272,22 @@ def _build_networks(obs_dim: int, act_dim: int, hidden: tuple[int, ...], low: np
                 fan_in = width
             self.trunk = nn.Sequential(*layers)
             self.fc_mean = nn.Linear(fan_in, act_dim)
-            self.fc_logstd = nn.Linear(fan_in, act_dim)
+            self.sde = sde
+            if sde:
+                self.sde_log_std = nn.Parameter(torch.full((fan_in, act_dim), float(sde_log_std_init)))
+            else:
+                self.fc_logstd = nn.Linear(fan_in, act_dim)
             self.register_buffer("action_scale", torch.tensor((high - low) / 2.0, dtype=torch.float32))
             self.register_buffer("action_bias", torch.tensor((high + low) / 2.0, dtype=torch.float32))
+
+        def sde_noise_shape(self) -> tuple[int, int]:
+            """Shape of the standard-normal matrix `get_action` takes as `sde_eps`."""
+            return tuple(self.sde_log_std.shape)  # type: ignore[return-value]
+
+        def mean_action(self, obs: torch.Tensor) -> torch.Tensor:
+            """The pre-squash mean (what the deterministic policy squashes)."""
+            mean: torch.Tensor = self.fc_mean(self.trunk(obs))
+            return mean.clamp(-SDE_CLIP_MEAN, SDE_CLIP_MEAN) if self.sde else mean
 
         def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             x = self.trunk(obs)
@@ -260,13 +296,29 @@ def _build_networks(obs_dim: int, act_dim: int, hidden: tuple[int, ...], low: np
             log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
             return mean, log_std
 
-        def get_action(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            """``(action, log_prob, deterministic action)`` with the reparameterisation trick."""
-            mean, log_std = self(obs)
-            std = log_std.exp()
-            x_t = mean + std * torch.randn_like(mean)
-            # log N(x_t; mean, std) written out: cheaper than building a Normal distribution per step.
-            normal_log_prob = -0.5 * ((x_t - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+        def get_action(self, obs: torch.Tensor, sde_eps: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            """``(action, log_prob, deterministic action)`` with the reparameterisation trick.
+
+            With gSDE, `sde_eps` is the standard-normal exploration matrix shared by the whole batch (None
+            draws one); gradients reach the log-std matrix through both the noise and the variance.
+            """
+            if self.sde:
+                features = self.trunk(obs)
+                mean = self.fc_mean(features).clamp(-SDE_CLIP_MEAN, SDE_CLIP_MEAN)
+                std = self.sde_log_std.exp()
+                eps = torch.randn_like(std) if sde_eps is None else sde_eps
+                frozen = features.detach()  # the noise does not train the features (SB3's learn_features=False)
+                x_t = mean + frozen @ (std * eps)
+                variance = frozen.pow(2) @ std.pow(2) + SDE_VARIANCE_EPS
+                normal_log_prob = -0.5 * (x_t - mean) ** 2 / variance - 0.5 * variance.log() \
+                    - 0.5 * math.log(2 * math.pi)
+            else:
+                mean, log_std = self(obs)
+                std = log_std.exp()
+                x_t = mean + std * torch.randn_like(mean)
+                # log N(x_t; mean, std) written out: cheaper than building a Normal distribution per step.
+                normal_log_prob = -0.5 * ((x_t - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
             log_prob = squashed_log_prob(normal_log_prob, x_t, self.action_scale)
             action = torch.tanh(x_t) * self.action_scale + self.action_bias
             return action, log_prob, torch.tanh(mean) * self.action_scale + self.action_bias
@@ -279,8 +331,7 @@ def _build_networks(obs_dim: int, act_dim: int, hidden: tuple[int, ...], low: np
             self.actor = actor
 
         def forward(self, obs: torch.Tensor) -> torch.Tensor:
-            mean = self.actor.fc_mean(self.actor.trunk(obs))
-            return torch.tanh(mean) * self.actor.action_scale + self.actor.action_bias
+            return torch.tanh(self.actor.mean_action(obs)) * self.actor.action_scale + self.actor.action_bias
 
     return Actor, TwinQ, DeterministicPolicy
 
@@ -357,7 +408,9 @@ class SACTrainer:
         self.act_shape = tuple(act_space.shape)
         obs_dim, act_dim = int(np.prod(self.obs_shape)), int(np.prod(self.act_shape))
         low, high = act_space.low.astype(np.float64).reshape(-1), act_space.high.astype(np.float64).reshape(-1)
-        actor_cls, twinq_cls, self._policy_cls = _build_networks(obs_dim, act_dim, config.hidden_sizes, low, high)
+        actor_cls, twinq_cls, self._policy_cls = _build_networks(obs_dim, act_dim, config.hidden_sizes, low, high,
+                                                                 sde=config.use_sde,
+                                                                 sde_log_std_init=config.sde_log_std_init)
         self.actor = actor_cls()
         self.qf = twinq_cls()
         self.qf_target = twinq_cls()
@@ -376,6 +429,7 @@ class SACTrainer:
         self.global_step = 0
         self.gradient_steps = 0
         self.obs, _ = self.envs.reset()
+        self._sde_eps: Any = None  # gSDE's exploration matrix while collecting; None: draw anew
         self.train_returns: list[float] = []
         self._episode_return = 0.0
         self.last_metrics: dict[str, float] = {}
@@ -443,8 +497,12 @@ class SACTrainer:
             if step < cfg.learning_starts:
                 actions = self.rng.uniform(self.act_space.low, self.act_space.high, (1, *self.act_shape))
             else:
+                if cfg.use_sde and (self._sde_eps is None or (cfg.sde_sample_freq > 0
+                                                             and step % cfg.sde_sample_freq == 0)):
+                    self._sde_eps = torch.randn(self.actor.sde_noise_shape())
                 with torch.no_grad():
-                    actions, _, _ = self.actor.get_action(torch.as_tensor(self.obs, dtype=torch.float32))
+                    actions, _, _ = self.actor.get_action(torch.as_tensor(self.obs, dtype=torch.float32),
+                                                          self._sde_eps)
                 actions = actions.numpy()
             next_obs, rewards, terminations, truncations, infos = self.envs.step(actions.astype(self.act_space.dtype))
             # Same-step autoreset: where an episode ended, next_obs is already the next episode's first
@@ -458,6 +516,8 @@ class SACTrainer:
             if terminations[0] or truncations[0]:
                 self.train_returns.append(self._episode_return)
                 self._episode_return = 0.0
+                if cfg.sde_sample_freq == -1:
+                    self._sde_eps = None
             self.obs = next_obs
             self.global_step += 1
             if self.global_step >= cfg.learning_starts:
@@ -497,9 +557,11 @@ class SACTrainer:
         next_obs = torch.from_numpy(d["next_obs"])
         terminations = torch.from_numpy(d["terminated"].astype(np.float32))
         weights = torch.from_numpy(batch.weights) if cfg.prioritized else None
+        # gSDE: one exploration matrix per gradient step, shared by the batch's next and current actions (as SB3).
+        eps = torch.randn(self.actor.sde_noise_shape()) if cfg.use_sde else None
 
         with torch.no_grad():
-            next_state_actions, next_state_log_pi, _ = self.actor.get_action(next_obs)
+            next_state_actions, next_state_log_pi, _ = self.actor.get_action(next_obs, eps)
             qf_next_target = self.qf_target(next_obs, next_state_actions)
             next_q_value = soft_q_target(rewards, terminations, qf_next_target, next_state_log_pi,
                                          alpha=self.alpha, gamma=cfg.gamma)
@@ -517,7 +579,7 @@ class SACTrainer:
                         "losses/qf1_values": qf_a_values[0].mean().item()})
         if self.global_step % cfg.policy_frequency == 0:
             for _ in range(cfg.policy_frequency):  # compensate for the delay, as CleanRL does
-                pi, log_pi, _ = self.actor.get_action(obs)
+                pi, log_pi, _ = self.actor.get_action(obs, eps)
                 min_qf_pi = self.qf(obs, pi).min(dim=0).values
                 actor_loss = actor_loss_fn(log_pi, min_qf_pi, alpha=self.alpha)
                 self.actor_optimizer.zero_grad(set_to_none=True)

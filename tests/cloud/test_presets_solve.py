@@ -13,9 +13,7 @@ from tests._cli import run_strata
 
 CLASSIC = [("ppo", "CartPole-v1"), ("ppo", "Acrobot-v1"), ("ppo", "MountainCar-v0"),
            ("ppo", "MountainCarContinuous-v0"), ("ppo", "Pendulum-v1"), ("sac", "Pendulum-v1"),
-           pytest.param("sac", "MountainCarContinuous-v0", marks=pytest.mark.xfail(
-               strict=True, reason="measured: strata's SAC (no gSDE) never finds the goal within the Zoo's 50k steps "
-               "(cloud/presets/sac.toml); strict, so a fix shows up"))]
+           ("sac", "MountainCarContinuous-v0")]
 
 
 @pytest.mark.slow

@@ -168,6 +168,123 @@ def test_config_and_env_errors_name_the_fix() -> None:
         "SACTrainer: 'CartPole-v1' has action space Discrete(2); SAC needs a Box action space"
     )):
         SACTrainer(TINY, env_id="CartPole-v1", seed=0, total_steps=10)
+    with pytest.raises(ConfigError, match=re.escape(
+        "SACConfig: sde_sample_freq=0 must be -1 (each episode) or a positive number of env steps"
+    )):
+        SACConfig(use_sde=True, sde_sample_freq=0)
+
+
+# -- gSDE: state-dependent exploration -------------------------------------------------------------------
+
+SDE = SACConfig(hidden_sizes=(32, 32), batch_size=32, learning_starts=64, replay="local", eval_episodes=2,
+                log_every=100, use_sde=True, sde_sample_freq=4, sde_log_std_init=-1.0)
+
+
+@pytest.fixture
+def sde_trainer() -> Iterator[SACTrainer]:
+    t = SACTrainer(SDE, env_id="Pendulum-v1", seed=0, total_steps=1000)
+    yield t
+    t.close()
+
+
+def test_sde_noise_is_the_features_times_the_matrix_and_the_log_prob_is_its_density(sde_trainer: SACTrainer) -> None:
+    actor = sde_trainer.actor
+    assert actor.sde_noise_shape() == (32, 1) and not hasattr(actor, "fc_logstd")
+    torch.testing.assert_close(actor.sde_log_std.detach(), torch.full((32, 1), -1.0))
+    obs, eps = torch.randn(64, 3), torch.randn(32, 1)
+    with torch.no_grad():
+        action, log_prob, mean_action = actor.get_action(obs, eps)
+        features = actor.trunk(obs)
+        mean = actor.fc_mean(features)
+    std = actor.sde_log_std.detach().exp()
+    x = mean + features @ (std * eps)  # the same matrix for every state: the noise is a function of the state
+    torch.testing.assert_close(action, torch.tanh(x) * actor.action_scale + actor.action_bias)
+    torch.testing.assert_close(mean_action, torch.tanh(mean) * actor.action_scale + actor.action_bias)
+    sigma = torch.sqrt(features.pow(2) @ std.pow(2) + 1e-6)
+    ref = torch.distributions.Normal(mean, sigma).log_prob(x) - torch.log(
+        actor.action_scale * (1 - torch.tanh(x) ** 2) + 1e-6)
+    torch.testing.assert_close(log_prob, ref.sum(-1), atol=1e-4, rtol=1e-4)
+    # and that density is the one the noise is drawn from: over many matrices, x's spread per state is sigma
+    draws = torch.stack([features @ (std * torch.randn(32, 1)) for _ in range(4000)])
+    np.testing.assert_allclose(draws.std(dim=0).numpy(), sigma.numpy(), rtol=0.08)
+
+
+def test_sde_trains_the_log_std_matrix_through_noise_and_variance(sde_trainer: SACTrainer) -> None:
+    _, log_prob, _ = sde_trainer.actor.get_action(torch.randn(8, 3), torch.randn(32, 1))
+    log_prob.sum().backward()
+    grad = sde_trainer.actor.sde_log_std.grad
+    assert grad is not None and float(grad.abs().sum()) > 0
+
+
+def test_sde_mean_is_clipped_in_training_and_in_the_exported_policy(sde_trainer: SACTrainer) -> None:
+    import onnxruntime as ort
+
+    from device import NumpyExecutor
+
+    with torch.no_grad():
+        sde_trainer.actor.fc_mean.weight.zero_()
+        sde_trainer.actor.fc_mean.bias.fill_(5.0)  # a mean far beyond the +-2 clip
+    obs = np.random.default_rng(0).normal(size=(3, 3)).astype(np.float32)
+    with torch.no_grad():
+        _, _, mean_action = sde_trainer.actor.get_action(torch.from_numpy(obs))
+    model = sde_trainer.export_onnx()
+    (got,) = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(["action"], {"obs": obs})
+    want = np.full((3, 1), np.tanh(2.0) * 2.0, dtype=np.float32)  # Pendulum's bounds are +-2
+    np.testing.assert_allclose(mean_action.numpy(), want, atol=1e-5)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_allclose(NumpyExecutor(model).act(obs), got, atol=1e-5)
+
+
+def test_sde_holds_one_exploration_matrix_for_sde_sample_freq_steps(sde_trainer: SACTrainer) -> None:
+    sde_trainer.run(64)  # the random warm-up draws no matrix
+    assert sde_trainer._sde_eps is None
+    seen: list[tuple[int, int]] = []
+    for step in range(64, 76):
+        sde_trainer.run(step + 1)
+        seen.append((step, id(sde_trainer._sde_eps)))
+    ids = [i for _, i in seen]
+    # a new matrix at steps 64, 68 and 72, the same one in between
+    assert [ids[k] == ids[k - 1] for k in range(1, 12)] == [True, True, True, False] * 2 + [True, True, True]
+
+
+def test_sde_per_episode_redraws_only_when_an_episode_ends() -> None:
+    import dataclasses
+
+    trainer = SACTrainer(dataclasses.replace(SDE, sde_sample_freq=-1), env_id="Pendulum-v1", seed=0,
+                         total_steps=1000)
+    try:
+        trainer.run(250)  # Pendulum's episodes are 200 steps
+        first = trainer._sde_eps
+        trainer.run(399)
+        assert trainer._sde_eps is first
+        trainer.run(401)  # the episode ended at step 400: the matrix was dropped and a new one drawn
+        assert trainer._sde_eps is not first and trainer._sde_eps is not None
+    finally:
+        trainer.close()
+
+
+def test_sde_run_checkpoints_resumes_and_exports_from_the_checkpoint(tmp_path: Path) -> None:
+    from cloud._export import export_run
+
+    cfg = SACConfig(hidden_sizes=(16,), batch_size=16, learning_starts=32, buffer_size=500, log_every=50,
+                    eval_episodes=1, replay="local", use_sde=True, sde_sample_freq=8)
+    train_sac(cfg, env_id="Pendulum-v1", run_dir=tmp_path, seed=0, total_steps=100, log=lambda _: None)
+    resumed = train_sac(None, env_id="Pendulum-v1", run_dir=tmp_path, seed=0, total_steps=150, resume=True,
+                        log=lambda _: None)
+    assert resumed.global_step == 150
+    key_path, _ = generate_keypair(tmp_path / "keys")
+    exported = export_run(tmp_path, signing_key=load_signing_key(key_path))
+    assert max(exported.max_abs_diff.values()) < 1e-4
+    obs = np.random.default_rng(1).normal(size=(2, 3)).astype(np.float32)
+    np.testing.assert_allclose(
+        evaluate_and_act(exported.bundle.model, obs), evaluate_and_act(resumed.model, obs), atol=1e-6)
+
+
+def evaluate_and_act(model: bytes, obs: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    (out,) = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(["action"], {"obs": obs})
+    return np.asarray(out)
 
 
 # -- training with the replay in both deployments -------------------------------------------------------
