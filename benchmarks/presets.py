@@ -112,10 +112,11 @@ def run_strata(algo: str, env_id: str, seed: int, budget: int, target: float | N
 
     preset = find_preset(algo, env_id)
     assert preset is not None, f"no {algo} preset for {env_id}"
+    from cloud._sac import SACTrainer
+    from cloud._train import train
+
     started, cpu_started = time.perf_counter(), time.process_time()
     if algo == "ppo":
-        from cloud._train import train
-
         with tempfile.TemporaryDirectory() as run_dir:
             # In-process envs, like SB3's DummyVecEnv. No confirmation: the criterion is the one SB3's callback
             # applies, the mean of the last 20 training episodes.
@@ -124,10 +125,12 @@ def run_strata(algo: str, env_id: str, seed: int, budget: int, target: float | N
                         progress=False, log=lambda _: None)
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         solved = out.solved_at_step is not None
+        if solved:  # to the solved moment, as SB3's callback measures: not the final checkpoint, nor the teardown
+            assert out.solved_at_s is not None and out.solved_at_cpu_s is not None
+            wall -= out.wall_s - out.solved_at_s
+            cpu -= out.cpu_s - out.solved_at_cpu_s
         return {"solved": solved, "steps": out.solved_at_step if solved else out.global_step,
                 "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "return": round(out.mean_return, 1)}
-    from cloud._sac import SACTrainer
-
     # In-process envs and replay, like SB3's.
     trainer = SACTrainer(preset.make_config(env_mode="sync", replay="local"), env_id=env_id, seed=seed,
                          total_steps=budget)

@@ -73,6 +73,10 @@ class TrainResult:
     """Env step at which the moving mean first reached the target return in this call, else None."""
     solved_at_s: float | None
     """Seconds into this call at which that happened, else None."""
+    cpu_s: float = 0.0
+    """CPU seconds this process spent in this call (all threads; the envs too when they run in-process)."""
+    solved_at_cpu_s: float | None = None
+    """CPU seconds into this call at which the target was reached, else None (what a benchmark compares)."""
     greedy_return: float | None = None
     """Mean return of the deterministic policy in the last confirmation evaluation, if one ran."""
     switches: tuple[SwitchEvent, ...] = ()
@@ -196,9 +200,10 @@ def train(
             episodes: list[Episode] = []
             solved_at_step: int | None = None
             solved_at_s: float | None = None
+            solved_at_cpu_s: float | None = None
             greedy_return: float | None = None
             last_confirm = -CONFIRM_EVERY
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             start_step = global_step
             recorded = 0  # switcher.history entries already in switches.jsonl
             display = _Progress(total_steps, start_step, enabled=sys.stdout.isatty() if progress is None else progress,
@@ -240,6 +245,7 @@ def train(
                     if target_return is not None and len(window) >= RETURN_WINDOW and mean_return >= target_return:
                         if confirm_episodes == 0:
                             solved_at_step, solved_at_s = global_step, elapsed
+                            solved_at_cpu_s = time.process_time() - cpu_started
                         elif version - last_confirm >= CONFIRM_EVERY:
                             last_confirm = version
                             greedy_return = evaluate_greedy(agent, normalizer, env_id, episodes=confirm_episodes,
@@ -248,6 +254,7 @@ def train(
                                         values={"charts/greedy_return": greedy_return})
                             if greedy_return >= target_return:
                                 solved_at_step, solved_at_s = global_step, time.perf_counter() - started
+                                solved_at_cpu_s = time.process_time() - cpu_started
                     commit()
                 last_path = checkpointer.final()
             accounting = {"produced": switcher.produced(), **switcher.accounting.check()}
@@ -267,9 +274,11 @@ def train(
     assert last_path is not None
     window = list(recent)[-RETURN_WINDOW:]
     return TrainResult(run_dir=run_dir, env_id=env_id, policy_version=version, global_step=global_step,
-                       wall_s=time.perf_counter() - started, checkpoint=last_path, episodes=episodes,
+                       wall_s=time.perf_counter() - started, cpu_s=time.process_time() - cpu_started,
+                       checkpoint=last_path, episodes=episodes,
                        mean_return=float(np.mean(window)) if window else float("nan"),
-                       solved_at_step=solved_at_step, solved_at_s=solved_at_s, greedy_return=greedy_return,
+                       solved_at_step=solved_at_step, solved_at_s=solved_at_s, solved_at_cpu_s=solved_at_cpu_s,
+                       greedy_return=greedy_return,
                        switches=switches, accounting=accounting)
 
 

@@ -290,6 +290,9 @@ def test_target_return_with_and_without_confirmation(tmp_path: Path) -> None:
     plain = train(env_id="CartPole-v1", total_steps=100_000, run_dir=tmp_path / "plain", config=config,
                   target_return=0.0, progress=False)
     assert plain.solved_at_step is not None and plain.global_step < 2000 and plain.greedy_return is None
+    # the moment it was solved, in wall and CPU seconds, lies within the call (what benchmarks/presets.py reads)
+    assert plain.solved_at_s is not None and 0 < plain.solved_at_s <= plain.wall_s
+    assert plain.solved_at_cpu_s is not None and 0 < plain.solved_at_cpu_s <= plain.cpu_s
     # With confirmation, the deterministic policy is evaluated on fresh episodes before the run stops.
     confirmed = train(env_id="CartPole-v1", total_steps=2560, run_dir=tmp_path / "confirmed", config=config,
                       target_return=0.0, confirm_episodes=3, progress=False)
@@ -301,6 +304,7 @@ def test_target_return_with_and_without_confirmation(tmp_path: Path) -> None:
     failing = train(env_id="CartPole-v1", total_steps=2560, run_dir=tmp_path / "failing", config=config,
                     target_return=10_000.0, confirm_episodes=3, progress=False)
     assert failing.solved_at_step is None and failing.global_step == 2560
+    assert failing.solved_at_s is None and failing.solved_at_cpu_s is None and failing.cpu_s > 0
 
 
 def test_gsde_samples_what_evaluate_actions_scores_and_holds_its_noise_between_draws() -> None:
