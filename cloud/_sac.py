@@ -3,9 +3,11 @@
 The learner follows the SAC papers (Haarnoja et al. 2018, with automatic entropy tuning) and
 CleanRL's ``sac_continuous_action.py``: twin soft Q networks with Polyak-averaged targets, a
 tanh-squashed Gaussian actor, a learned temperature ``alpha = exp(log_alpha)`` driven towards a
-target entropy, and TD3's delayed actor updates. The loss terms are pure functions below, tested
-against hand-computed values; importance weights from prioritized replay scale the Q losses and
-the absolute TD errors go back to the replay as priorities.
+target entropy, and TD3's delayed actor updates. With ``SACConfig.use_sde`` the actor explores with
+generalised state-dependent exploration as SB3's SAC does (a learned log-std matrix; noise that is the
+last hidden features times a matrix held for ``sde_sample_freq`` env steps). The loss terms are pure
+functions below, tested against hand-computed values; importance weights from prioritized replay scale
+the Q losses and the absolute TD errors go back to the replay as priorities.
 
 `SACTrainer` is the importable loop: step the env, insert into the replay, sample, update; its
 replay can be swapped mid-run (`SACTrainer.switch_replay`) from one deployment to another without
@@ -16,7 +18,7 @@ losing a transition. `train_sac` runs it and exports the deterministic policy
 (policy version = env steps), kept every ``checkpoint_every`` commits, written on every stop; a checkpoint
 holds the actor, the twin critics and their targets, the three optimisers, the temperature, the step
 counters, the sampler's state and the replay's contents, so ``--resume`` continues the same run. Env
-state is not checkpointed: a resumed run starts a fresh episode.
+state is not checkpointed: a resumed run starts a fresh episode (and, with gSDE, a fresh exploration matrix).
 """
 
 from __future__ import annotations
