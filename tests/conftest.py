@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -11,6 +12,17 @@ import pytest
 from tests._services import Mosquitto, MotoServer
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Take SIGINT back when the caller handed it over ignored.
+
+    A shell without job control starts background commands (``(make test &)``, ``nohup``) with SIGINT ignored, and
+    every child inherits that through exec: the Ctrl-C tests would then interrupt nothing and fail on the runner,
+    not on strata. Python's own handler here means children start with SIGINT at its default again.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

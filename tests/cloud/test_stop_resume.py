@@ -83,6 +83,13 @@ def assert_resumes_exactly(run: Path, updates_more: int = 2) -> None:
     assert [r["global_step"] for r in read_metrics(run)] == [v * STEPS_PER_UPDATE for v in versions]
 
 
+def test_children_of_the_test_session_can_be_interrupted() -> None:
+    """The Ctrl-C tests need SIGINT deliverable in what they start, however pytest itself was started (conftest)."""
+    probe = subprocess.run(["python3", "-c", "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"],
+                           capture_output=True, text=True, timeout=60, check=True)
+    assert probe.stdout.strip() == "False"
+
+
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_checkpoints_the_last_update_and_resume_continues(signum: int, status: int, tmp_path: Path) -> None:
     run = tmp_path / "run"
