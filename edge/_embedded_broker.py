@@ -62,6 +62,9 @@ class EmbeddedBroker:
         # amqtt logs every connection at INFO; keep a demo's output readable.
         logging.getLogger("amqtt").setLevel(logging.WARNING)
         logging.getLogger("transitions").setLevel(logging.WARNING)
+        broker_log = logging.getLogger("amqtt.broker")
+        if not any(isinstance(f, _QuietProtocolFallback) for f in broker_log.filters):
+            broker_log.addFilter(_QuietProtocolFallback())
         self._thread = threading.Thread(target=self._main, name="embedded-broker", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout) or self._error is not None:
@@ -139,3 +142,19 @@ def embedded_broker() -> Iterator[EmbeddedBroker]:
         yield broker
     finally:
         broker.stop()
+
+
+class _QuietProtocolFallback(logging.Filter):
+    """Drops amqtt's warnings about an MQTT 5 CONNECT, which amqtt (3.1.1 only) refuses.
+
+    strata's publisher speaks protocol "auto": it tries 5 and falls back to 3.1.1, which amqtt serves, so those two
+    lines ("Invalid connection from ...", "... Invalid protocol from ...: 5") told a demo's user of a failure that
+    had already been handled. amqtt writes "Invalid connection" before the reason of any refused CONNECT; the
+    reason line stays for every other refusal, so a real one is still reported.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Invalid connection from"):
+            return False
+        return not ("Invalid protocol from" in message and message.rstrip().endswith(": 5"))

@@ -29,6 +29,29 @@ def test_agents_switch_on_the_embedded_broker(tmp_path: Path) -> None:
                            timeout=30, what="fleet view")
 
 
+def test_the_mqtt5_fallback_leaves_no_warning_but_other_refusals_still_say_why(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    key, _ = make_keys(tmp_path / "keys")
+    caplog.set_level(logging.WARNING, logger="amqtt")
+    with EmbeddedBroker() as broker:
+        with Publisher(broker=broker.url, fleet="demo") as publisher:
+            publisher.publish(cartpole_bundle(key, 1))
+            assert publisher.link.protocol == "3.1.1"  # it did try 5 first and fall back
+        assert [r.getMessage() for r in caplog.records if r.name.startswith("amqtt")] == []
+        # a CONNECT amqtt refuses for another reason (MQTT 3.1) is still reported, with its reason
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="old", protocol=mqtt.MQTTv31)
+        refused = threading.Event()
+        client.on_disconnect = lambda *_: refused.set()
+        client.connect("127.0.0.1", broker.port)
+        client.loop_start()
+        try:
+            assert refused.wait(30)
+        finally:
+            client.loop_stop()
+    reasons = [r.getMessage() for r in caplog.records if r.name.startswith("amqtt")]
+    assert any(m.startswith("Failed to initialize client session:") and "protocol name" in m for m in reasons), reasons
+
+
 def test_run_fleet_demo_on_the_embedded_broker(tmp_path: Path) -> None:
     from edge import run_fleet_demo
 
