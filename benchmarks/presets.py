@@ -198,6 +198,8 @@ def main() -> None:
                         help="env families to run (repeatable; default: classic and box2d)")
     parser.add_argument("--only", action="append", metavar="ALGO/ENV", help="run only these cases (repeatable)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per learner and case (default: %(default)s)")
+    parser.add_argument("--first-seed", type=int, default=0, metavar="N",
+                        help="seeds N, N+1, ... (to complete a table run in parts; default: %(default)s)")
     parser.add_argument("--learners", default="strata,sb3", help="comma-separated (default: %(default)s)")
     args = parser.parse_args()
 
@@ -211,7 +213,9 @@ def main() -> None:
     unknown = [c for c in cases if c not in ZOO]
     if unknown:
         parser.error(f"--only {unknown[0]}: not a case; choose from {', '.join(ZOO)}")
-    seeds = list(range(1 if args.quick else args.seeds))
+    if args.seeds < 1 or args.first_seed < 0:
+        parser.error(f"--seeds {args.seeds} --first-seed {args.first_seed}: need at least one seed, from 0 up")
+    seeds = list(range(args.first_seed, args.first_seed + (1 if args.quick else args.seeds)))
     learners: dict[str, Callable[..., dict[str, Any]]] = {"strata": run_strata, "sb3": run_sb3}
     chosen = [name for name in args.learners.split(",") if name]
     runs: list[dict[str, Any]] = []
