@@ -11,6 +11,7 @@ import ast
 import dataclasses
 import inspect
 import itertools
+import math
 import textwrap
 import types
 import typing
@@ -48,6 +49,21 @@ def field_docs(cls: type) -> dict[str, str]:
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def _finite_float(text: str) -> float:
+    """The argparse type of every float field: a finite number.
+
+    Python's float() takes "nan" and "inf", which no config field means; they would surface only later, as NaN
+    weights or an endless wait.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; pass a number such as 0.5")
+    return value
 
 
 def add_config_arguments(
@@ -88,7 +104,7 @@ def add_config_arguments(
             kwargs["type"] = args[0]
             kwargs["metavar"] = args[0].__name__.upper()
         elif hint in (int, float, str):
-            kwargs["type"] = hint
+            kwargs["type"] = _finite_float if hint is float else hint
             kwargs["metavar"] = hint.__name__.upper()
         else:
             kwargs["type"] = str

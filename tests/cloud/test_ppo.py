@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 from pathlib import Path
@@ -40,14 +41,26 @@ def test_config_validates_and_round_trips() -> None:
 
 
 def test_every_config_field_is_documented_in_help() -> None:
-    import argparse
-
     parser = argparse.ArgumentParser()
     add_config_arguments(parser, PPOConfig)
     text = parser.format_help()
     for f in dataclasses.fields(PPOConfig):
         assert "--" + f.name.replace("_", "-") in text
     assert "Lambda of generalised advantage estimation. (default: 0.8)" in " ".join(text.split())
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_float_flags_refuse_what_is_not_a_finite_number(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from cloud._sac import SACConfig
+
+    parser = argparse.ArgumentParser(prog="strata train")
+    add_config_arguments(parser, SACConfig)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args([f"--sde-log-std-init={value}"])
+    assert exited.value.code == 2
+    assert f"argument --sde-log-std-init: '{value}' is not a finite number" in capsys.readouterr().err
+    assert parser.parse_args(["--sde-log-std-init", "-2.5"]).sde_log_std_init == -2.5
+
 
 
 def test_factory_builds_same_step_autoreset_envs() -> None:
