@@ -257,7 +257,7 @@ def _build_networks(obs_dim: int, act_dim: int, hidden: tuple[int, ...], low: np
         """Tanh-squashed Gaussian policy; the action bounds are buffers so export needs no extra state.
 
         Without gSDE the log-std is a network head (CleanRL's bounded tanh parameterisation); with it
-        (`sde`), a learned ``[features, actions]`` matrix: the pre-squash noise is the detached last hidden
+        (`sde`), a learned ``[features, actions]`` matrix: the pre-squash noise is the last hidden
         features times ``exp(log_std) * eps`` for a standard-normal matrix ``eps`` the caller holds (SB3's
         StateDependentNoiseDistribution with ``full_std``), and the mean is clipped to +-`SDE_CLIP_MEAN`.
         """
@@ -310,9 +310,10 @@ def _build_networks(obs_dim: int, act_dim: int, hidden: tuple[int, ...], low: np
                 mean = self.fc_mean(features).clamp(-SDE_CLIP_MEAN, SDE_CLIP_MEAN)
                 std = self.sde_log_std.exp()
                 eps = torch.randn_like(std) if sde_eps is None else sde_eps
-                frozen = features.detach()  # the noise does not train the features (SB3's learn_features=False)
-                x_t = mean + frozen @ (std * eps)
-                variance = frozen.pow(2) @ std.pow(2) + SDE_VARIANCE_EPS
+                # The noise trains the features too, as SB3's SAC runs gSDE (``learn_features=True``; its PPO
+                # detaches them): the entropy term can widen exploration through the features, not only log_std.
+                x_t = mean + features @ (std * eps)
+                variance = features.pow(2) @ std.pow(2) + SDE_VARIANCE_EPS
                 normal_log_prob = -0.5 * (x_t - mean) ** 2 / variance - 0.5 * variance.log() \
                     - 0.5 * math.log(2 * math.pi)
             else:

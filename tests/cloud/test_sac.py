@@ -216,6 +216,36 @@ def test_sde_trains_the_log_std_matrix_through_noise_and_variance(sde_trainer: S
     assert grad is not None and float(grad.abs().sum()) > 0
 
 
+def test_sde_noise_and_variance_train_the_features_as_sb3s_sac_does(sde_trainer: SACTrainer) -> None:
+    """SB3's SAC runs gSDE with learn_features=True (its PPO detaches them): the actor loss reaches the trunk
+    through the noise and the variance as well as through the mean."""
+    actor = sde_trainer.actor
+    obs, eps = torch.randn(16, 3), torch.randn(32, 1)
+
+    def trunk_grads(loss: torch.Tensor) -> list[torch.Tensor]:
+        return list(torch.autograd.grad(loss, list(actor.trunk.parameters()), retain_graph=True))
+
+    action, log_prob, _ = actor.get_action(obs, eps)
+    got = trunk_grads(action.sum() + 0.1 * log_prob.sum())
+    features = actor.trunk(obs)
+    mean = actor.fc_mean(features).clamp(-2.0, 2.0)
+    std = actor.sde_log_std.exp()
+    x = mean + features @ (std * eps)
+    sigma = torch.sqrt(features.pow(2) @ std.pow(2) + 1e-6)
+    ref_log_prob = (torch.distributions.Normal(mean, sigma).log_prob(x)
+                    - torch.log(actor.action_scale * (1 - torch.tanh(x) ** 2) + 1e-6)).sum(-1)
+    ref_action = torch.tanh(x) * actor.action_scale + actor.action_bias
+    want = trunk_grads(ref_action.sum() + 0.1 * ref_log_prob.sum())
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-3)
+    # and the noise's own share is not nothing: detaching the features changes the gradient
+    frozen = features.detach()
+    x_frozen = mean + frozen @ (std * eps)
+    detached = trunk_grads((torch.tanh(x_frozen) * actor.action_scale + actor.action_bias).sum())
+    assert any(not torch.allclose(d, w0, atol=1e-4) for d, w0 in zip(
+        detached, trunk_grads(ref_action.sum()), strict=True))
+
+
 def test_sde_mean_is_clipped_in_training_and_in_the_exported_policy(sde_trainer: SACTrainer) -> None:
     import onnxruntime as ort
 
