@@ -6,6 +6,7 @@ import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -222,7 +223,7 @@ def test_sde_noise_and_variance_train_the_features_as_sb3s_sac_does(sde_trainer:
     actor = sde_trainer.actor
     obs, eps = torch.randn(16, 3), torch.randn(32, 1)
 
-    def trunk_grads(loss: torch.Tensor) -> list[torch.Tensor]:
+    def trunk_grads(loss: Any) -> list[Any]:
         return list(torch.autograd.grad(loss, list(actor.trunk.parameters()), retain_graph=True))
 
     action, log_prob, _ = actor.get_action(obs, eps)
