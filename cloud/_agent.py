@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from device import ConfigError
 
@@ -28,29 +29,40 @@ if TYPE_CHECKING:
     from device import RolloutBatch
 
 
-def _layer(in_features: int, out_features: int, *, std: float) -> nn.Linear:
-    """A linear layer with orthogonal weights of gain `std` and zero bias (PPO implementation detail #2)."""
+def _layer(in_features: int, out_features: int, *, std: float | None) -> nn.Linear:
+    """A linear layer: orthogonal weights of gain `std`, zero bias (PPO detail #2); torch's default if `std` is None."""
     layer = nn.Linear(in_features, out_features)
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, 0.0)
+    if std is not None:
+        nn.init.orthogonal_(layer.weight, std)
+        nn.init.constant_(layer.bias, 0.0)
     return layer
 
 
-def _mlp(in_features: int, hidden_sizes: Sequence[int], out_features: int, *, out_std: float) -> nn.Sequential:
+def _mlp(in_features: int, hidden_sizes: Sequence[int], out_features: int, *, out_std: float,
+         ortho: bool = True) -> nn.Sequential:
     layers: list[nn.Module] = []
     width = in_features
     for hidden in hidden_sizes:
-        layers += [_layer(width, hidden, std=math.sqrt(2)), nn.Tanh()]
+        layers += [_layer(width, hidden, std=math.sqrt(2) if ortho else None), nn.Tanh()]
         width = hidden
-    layers.append(_layer(width, out_features, std=out_std))
+    layers.append(_layer(width, out_features, std=out_std if ortho else None))
     return nn.Sequential(*layers)
+
+
+def _tanh_mlp(linears: Sequence[nn.Linear], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What `_mlp`'s Sequential computes, as ``(last hidden features, output)``."""
+    *hidden, head = linears
+    for layer in hidden:
+        x = torch.tanh(F.linear(x, layer.weight, layer.bias))
+    return x, F.linear(x, head.weight, head.bias)
 
 
 class Agent(nn.Module):
     """Actor and critic for a flat Box observation and a Discrete (``discrete=True``) or Box action."""
 
     def __init__(self, *, obs_dim: int, action_dim: int, discrete: bool, hidden_sizes: Sequence[int],
-                 init_log_std: float = 0.0, sde: bool = False, sde_sample_freq: int = -1) -> None:
+                 init_log_std: float = 0.0, sde: bool = False, sde_sample_freq: int = -1,
+                 ortho_init: bool = True) -> None:
         super().__init__()
         if sde and discrete:
             raise ValueError("Agent: state-dependent exploration (sde) needs a Box action space")
@@ -58,8 +70,12 @@ class Agent(nn.Module):
         self.sde = sde
         self.sde_sample_freq = sde_sample_freq
         """Steps between gSDE noise draws in a rollout (-1: once per rollout); the rollout collector reads it."""
-        self.critic = _mlp(obs_dim, hidden_sizes, 1, out_std=1.0)
-        self.actor = _mlp(obs_dim, hidden_sizes, action_dim, out_std=0.01)
+        self.critic = _mlp(obs_dim, hidden_sizes, 1, out_std=1.0, ortho=ortho_init)
+        self.actor = _mlp(obs_dim, hidden_sizes, action_dim, out_std=0.01, ortho=ortho_init)
+        # The same Linear modules, walked with torch's functional ops: on batches this small, nn.Sequential's
+        # per-module call overhead was half the cost of a forward pass. (A tuple, so nothing is registered twice.)
+        self._actor_linears = tuple(m for m in self.actor if isinstance(m, nn.Linear))
+        self._critic_linears = tuple(m for m in self.critic if isinstance(m, nn.Linear))
         # A Discrete agent keeps an empty log-std so every agent has the same state-dict keys. With gSDE the
         # log-std is a matrix, one entry per (last hidden feature, action dimension).
         shape = (0,) if discrete else (hidden_sizes[-1], action_dim) if sde else (action_dim,)
@@ -81,13 +97,11 @@ class Agent(nn.Module):
 
     def _features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The actor's last hidden features and its output (the mean or the logits)."""
-        features: torch.Tensor = self.actor[:-1](x)
-        return features, self.actor[-1](features)
+        return _tanh_mlp(self._actor_linears, x)
 
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         """Return ``V(x)`` with shape ``[batch]``."""
-        value: torch.Tensor = self.critic(x).squeeze(-1)
-        return value
+        return _tanh_mlp(self._critic_linears, x)[1].squeeze(-1)
 
     def sample_action(self, x: torch.Tensor) -> torch.Tensor:
         """Draw one action per row of `x` from the current policy (no log-prob: the learner recomputes it in batch).
@@ -101,7 +115,7 @@ class Agent(nn.Module):
                 self.reset_noise(x.shape[0])
             assert self._noise is not None
             return mean + torch.einsum("bf,bfa->ba", features, self._noise)
-        out: torch.Tensor = self.actor(x)
+        out = self._features(x)[1]
         if self.discrete:
             gumbel = -torch.log(-torch.log(torch.rand_like(out)))
             return (out + gumbel).argmax(dim=-1)
@@ -112,7 +126,7 @@ class Agent(nn.Module):
 
         (Box means are clipped to the action bounds by the caller -- the env wrapper or the exported graph.)
         """
-        out: torch.Tensor = self.actor(x)
+        out = self._features(x)[1]
         return out.argmax(dim=-1) if self.discrete else out
 
     def evaluate_actions(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,7 +136,7 @@ class Agent(nn.Module):
         the exploration scale is learned through log_std only).
         """
         if self.discrete:
-            logits: torch.Tensor = self.actor(x)
+            logits = self._features(x)[1]
             log_probs = torch.log_softmax(logits, dim=-1)
             logprob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
             entropy = -(log_probs.exp() * log_probs).sum(-1)
@@ -132,7 +146,7 @@ class Agent(nn.Module):
             var = (features.detach() ** 2) @ torch.exp(2.0 * self.actor_logstd) + 1e-6
             log_std = 0.5 * torch.log(var)
         else:
-            out = self.actor(x)
+            out = self._features(x)[1]
             log_std = self.actor_logstd.expand_as(out)
             var = torch.exp(2.0 * log_std)
         logprob = (-((action - out) ** 2) / (2.0 * var) - log_std - 0.5 * math.log(2.0 * math.pi)).sum(-1)
@@ -292,7 +306,7 @@ def build_learner(obs_space: Any, action_space: Any, config: PPOConfig, state: d
     action_dim = int(action_space.n) if discrete else int(np.prod(action_space.shape or ()))
     agent = Agent(obs_dim=int(np.prod(obs_space.shape)), action_dim=action_dim, discrete=discrete,
                   hidden_sizes=config.hidden_sizes, init_log_std=config.init_log_std, sde=config.use_sde,
-                  sde_sample_freq=config.sde_sample_freq)
+                  sde_sample_freq=config.sde_sample_freq, ortho_init=config.ortho_init)
     # fused: one kernel for all parameters; on these tiny nets it cuts ~25% of the CPU time of a gradient step.
     optimizer = torch.optim.Adam(agent.parameters(), lr=config.learning_rate, eps=1e-5, fused=True)
     normalizer = ObsNormalizer(obs_space.shape, clip=config.obs_clip, enabled=config.normalize_obs)

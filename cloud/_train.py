@@ -18,10 +18,11 @@ going, its control endpoint is advertised in ``control.json`` (see `cloud._contr
 
 from __future__ import annotations
 
+import collections
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,9 +71,11 @@ class TrainResult:
     mean_return: float
     """Mean return of the last `RETURN_WINDOW` episodes (NaN before any episode ended)."""
     solved_at_step: int | None
-    """Env step at which the moving mean first reached the target return in this call, else None."""
+    """Env step at which the moving mean first reached the target return in this call, else None. Without a
+    confirmation (``confirm_episodes=0``) it is the step at which the episode that took the mean over the target
+    ended, as a per-step callback would see it; with one, the update at which the confirmation passed."""
     solved_at_s: float | None
-    """Seconds into this call at which that happened, else None."""
+    """Seconds into this call at which the run knew (the end of that rollout's update), else None."""
     cpu_s: float = 0.0
     """CPU seconds this process spent in this call (all threads; the envs too when they run in-process)."""
     solved_at_cpu_s: float | None = None
@@ -220,6 +223,7 @@ def train(
                     version += 1
                     normalizer.update(batch.obs)
 
+                    crossed = _first_crossing(recent, new_episodes, target_return)
                     episodes += new_episodes
                     recent.extend(e.episodic_return for e in new_episodes)
                     elapsed = time.perf_counter() - started
@@ -242,19 +246,19 @@ def train(
                         control.update(state="training", step=global_step, policy_version=version,
                                        mean_return=None if np.isnan(mean_return) else mean_return,
                                        env_steps_per_s=values["perf/env_steps_per_s"])
-                    if target_return is not None and len(window) >= RETURN_WINDOW and mean_return >= target_return:
-                        if confirm_episodes == 0:
-                            solved_at_step, solved_at_s = global_step, elapsed
+                    if confirm_episodes == 0 and crossed is not None:
+                        solved_at_step, solved_at_s = crossed.global_step, elapsed
+                        solved_at_cpu_s = time.process_time() - cpu_started
+                    elif (confirm_episodes > 0 and target_return is not None and len(window) >= RETURN_WINDOW
+                          and mean_return >= target_return and version - last_confirm >= CONFIRM_EVERY):
+                        last_confirm = version
+                        greedy_return = evaluate_greedy(agent, normalizer, env_id, episodes=confirm_episodes,
+                                                        seed=seed + 1_000_003 + version)
+                        metrics.log(global_step=global_step, policy_version=version,
+                                    values={"charts/greedy_return": greedy_return})
+                        if greedy_return >= target_return:
+                            solved_at_step, solved_at_s = global_step, time.perf_counter() - started
                             solved_at_cpu_s = time.process_time() - cpu_started
-                        elif version - last_confirm >= CONFIRM_EVERY:
-                            last_confirm = version
-                            greedy_return = evaluate_greedy(agent, normalizer, env_id, episodes=confirm_episodes,
-                                                            seed=seed + 1_000_003 + version)
-                            metrics.log(global_step=global_step, policy_version=version,
-                                        values={"charts/greedy_return": greedy_return})
-                            if greedy_return >= target_return:
-                                solved_at_step, solved_at_s = global_step, time.perf_counter() - started
-                                solved_at_cpu_s = time.process_time() - cpu_started
                     commit()
                 last_path = checkpointer.final()
             accounting = {"produced": switcher.produced(), **switcher.accounting.check()}
@@ -280,6 +284,21 @@ def train(
                        solved_at_step=solved_at_step, solved_at_s=solved_at_s, solved_at_cpu_s=solved_at_cpu_s,
                        greedy_return=greedy_return,
                        switches=switches, accounting=accounting)
+
+
+def _first_crossing(earlier: Iterable[float], new: list[Episode], target: float | None) -> Episode | None:
+    """The first of the `new` episodes with which the last `RETURN_WINDOW` returns' mean reached `target`, or None.
+
+    The window includes the `earlier` returns, so the crossing can be the first new episode.
+    """
+    if target is None:
+        return None
+    window: collections.deque[float] = collections.deque(earlier, maxlen=RETURN_WINDOW)
+    for episode in new:
+        window.append(episode.episodic_return)
+        if len(window) == RETURN_WINDOW and sum(window) / RETURN_WINDOW >= target:
+            return episode
+    return None
 
 
 def _append_jsonl(path: Path, record: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from cloud._agent import Agent, ObsNormalizer, RewardScaler
 from cloud._checkpoint import list_checkpoints, load_checkpoint, load_latest_checkpoint, save_checkpoint
 from cloud._envs import VECTOR_ENV_MODES, make_vector_env
 from cloud._metrics import read_metrics
-from cloud._ppo import PPOConfig, RolloutCollector, bootstrap_next_values
+from cloud._ppo import PPOConfig, RolloutCollector, bootstrap_next_values, clip_grad_norm
 from cloud._train import train
 from device import ConfigError, RolloutBatch, add_config_arguments
 
@@ -297,12 +297,27 @@ def test_check_spaces_names_the_space(obs_space: gym.Space, action_space: gym.Sp
         check_spaces("X", obs_space, action_space)
 
 
+def test_the_first_crossing_is_the_episode_that_took_the_window_over_the_target() -> None:
+    from cloud._ppo import Episode
+    from cloud._train import _first_crossing
+
+    new = [Episode(100 + i, r, 10) for i, r in enumerate([20.0, 40.0, 0.0, 0.0])]
+    # 18 earlier returns of 10: the 20.0 makes 19 returns, the 40.0 fills the window at (180 + 60) / 20 = 12
+    assert _first_crossing([10.0] * 18, new, 12.0) is new[1]
+    assert _first_crossing([10.0] * 18, new, 12.5) is None  # never reached, though the last rollout's mean is lower
+    assert _first_crossing([10.0] * 30, new, 10.5) is new[0]  # the earlier returns fill the window
+    assert _first_crossing([], new, -1e9) is None  # fewer than 20 returns never count
+    assert _first_crossing([10.0] * 30, new, None) is None
+
+
 def test_target_return_with_and_without_confirmation(tmp_path: Path) -> None:
     config = PPOConfig(num_envs=4, num_steps=64, update_epochs=1, hidden_sizes=(8,))
     # Any 20 finished episodes reach a target of 0; without confirmation that stops the run.
     plain = train(env_id="CartPole-v1", total_steps=100_000, run_dir=tmp_path / "plain", config=config,
                   target_return=0.0, progress=False)
     assert plain.solved_at_step is not None and plain.global_step < 2000 and plain.greedy_return is None
+    # solved when the 20th episode ended, as a per-step callback sees it, not at the end of that rollout
+    assert plain.solved_at_step == plain.episodes[19].global_step <= plain.global_step
     # the moment it was solved, in wall and CPU seconds, lies within the call (what benchmarks/presets.py reads)
     assert plain.solved_at_s is not None and 0 < plain.solved_at_s <= plain.wall_s
     assert plain.solved_at_cpu_s is not None and 0 < plain.solved_at_cpu_s <= plain.cpu_s
@@ -345,6 +360,56 @@ def test_gsde_samples_what_evaluate_actions_scores_and_holds_its_noise_between_d
         assert torch.equal(agent.greedy_action(probe), agent.actor(probe))  # what the exported graph computes
     with pytest.raises(ValueError, match="needs a Box action space"):
         Agent(obs_dim=3, action_dim=2, discrete=True, hidden_sizes=(8,), sde=True)
+
+
+@pytest.mark.parametrize("max_norm", [1e-3, 0.5, 1e9])
+def test_clip_grad_norm_is_torchs_bit_for_bit(max_norm: float) -> None:
+    torch.manual_seed(0)
+    agent = Agent(obs_dim=3, action_dim=2, discrete=False, hidden_sizes=(16, 8), sde=True)
+    params = list(agent.parameters())
+    grads = [torch.randn_like(p) * 3 for p in params]
+    grads[1] = None  # a parameter the loss did not reach
+    for p, g in zip(params, grads, strict=True):
+        p.grad = None if g is None else g.clone()
+    ours = clip_grad_norm(params, max_norm)
+    got = [p.grad for p in params]
+    for p, g in zip(params, grads, strict=True):
+        p.grad = None if g is None else g.clone()
+    theirs = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    assert torch.equal(ours, theirs)
+    for a, b in zip(got, (p.grad for p in params), strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
+    assert got[1] is None and float(ours) > 1  # the norm returned is the one before clipping
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+def test_the_agent_computes_what_its_modules_hold_and_initialises_as_asked(discrete: bool) -> None:
+    """The functional forward pass walks the registered Sequentials' layers (what export and checkpoints see);
+    ortho_init=False keeps torch's default Linear initialisation (SB3's ortho_init=False)."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 3)
+    for ortho in (True, False):
+        agent = Agent(obs_dim=3, action_dim=2, discrete=discrete, hidden_sizes=(16, 8), ortho_init=ortho)
+        features, out = agent._features(x)
+        torch.testing.assert_close(out, agent.actor(x), rtol=0, atol=0)
+        torch.testing.assert_close(features, agent.actor[:-1](x), rtol=0, atol=0)
+        torch.testing.assert_close(agent.get_value(x), agent.critic(x).squeeze(-1), rtol=0, atol=0)
+        with torch.no_grad():
+            agent.actor[0].weight.add_(1.0)  # a change to the registered module is what the forward pass sees
+        torch.testing.assert_close(agent._features(x)[1], agent.actor(x), rtol=0, atol=0)
+        linears = [m for m in [*agent.actor, *agent.critic] if isinstance(m, torch.nn.Linear)]
+        head = agent.actor[-1].weight.detach()
+        biases = [m.bias.detach().abs() for m in linears]
+        if ortho:
+            assert all(float(b.max()) == 0 for b in biases)
+            assert float(head.norm(dim=1).max()) <= 0.0101  # orthogonal rows of gain 0.01
+        else:
+            assert all(float(b.min()) > 0 for b in biases)
+            for m in linears[1:]:  # nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+                assert float(m.weight.detach().abs().max()) <= 1 / m.in_features ** 0.5
+            assert float(head.abs().max()) > 0.05
+    config = PPOConfig(ortho_init=False)
+    assert PPOConfig.from_dict(config.to_dict()).ortho_init is False
 
 
 def test_gsde_config_is_checked_and_refused_where_it_cannot_act(tmp_path: Path) -> None:
