@@ -6,7 +6,20 @@ Nothing heavy is imported here: each command imports torch, gymnasium or onnx wh
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
+
+
+def _seconds(text: str) -> float:
+    """The argparse type of a duration: a finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0; pass one such as 1.0 (0: every "
+                                         "update)")
+    return value
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -16,6 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from cloud._demo import DemoConfig
     from cloud._ppo import PPOConfig
     from cloud._sac import SACConfig
+    from cloud._stop import ROLLING_EVERY_S
     from cloud._switcher import SwitchRules
     from cloud._switching import SwitchingConfig
     from cloud.hybrid import HybridConfig
@@ -66,6 +80,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     train.add_argument("--checkpoint-every", type=int, default=100, metavar="UPDATES",
                        help="also checkpoint every this many updates (SAC: commits of --log-every env steps; "
                        "default: %(default)s); every stop writes one")
+    train.add_argument("--rolling-checkpoint-s", type=_seconds, default=ROLLING_EVERY_S, metavar="SECONDS",
+                       help="write the newest update in the background at most this often, so a kill -9 loses at "
+                       "most about this long of training (0: every update; default: %(default)s)")
     add_config_arguments(train.add_argument_group("PPO hyperparameters (PPOConfig)"), PPOConfig)
     add_config_arguments(train.add_argument_group(
         "SAC hyperparameters (SACConfig, --algo sac; the PPO flags SAC shares, such as --gamma, --hidden-sizes and "
@@ -166,6 +183,7 @@ def _train(args: argparse.Namespace) -> int:
         result = train(env_id=args.env, total_steps=args.total_steps, run_dir=args.run_dir, seed=args.seed,
                        config=config, resume=args.resume, target_return=args.target_return,
                        confirm_episodes=args.confirm_episodes, checkpoint_every=args.checkpoint_every,
+                       rolling_checkpoint_s=args.rolling_checkpoint_s,
                        switching=config_from_args(SwitchingConfig, args), rules=config_from_args(SwitchRules, args),
                        resume_command=_resume_command(args))
     except StopSignal as stop:
@@ -241,6 +259,7 @@ def _train_sac(args: argparse.Namespace) -> int:
     try:
         result = train_sac(config, env_id=args.env, run_dir=args.run_dir, seed=args.seed,
                            total_steps=args.total_steps, resume=args.resume, checkpoint_every=args.checkpoint_every,
+                           rolling_checkpoint_s=args.rolling_checkpoint_s,
                            control=args.control is not False, resume_command=_resume_command(args))
     except StopSignal as stop:
         return stop.exit_status

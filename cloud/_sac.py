@@ -38,6 +38,7 @@ import numpy as np
 from cloud._envs import episode_returns
 from cloud._errors import CloudError
 from cloud._replay import Replay, ReplayConfig, ReplayStats, SampleBatch, Signature, annealed_beta, make_replay
+from cloud._stop import ROLLING_EVERY_S
 from device import Bundle, ConfigError, SigningKey, build_bundle, config_from_dict, require, space_bounds
 
 if TYPE_CHECKING:
@@ -681,6 +682,7 @@ def evaluate_onnx_policy(model: bytes, *, env_id: str, episodes: int, seed: int)
 def train_sac(config: SACConfig | None, *, env_id: str, run_dir: Path, seed: int, total_steps: int,
               signing_key: SigningKey | None = None, policy: str | None = None,
               log: Callable[[str], None] = print, resume: bool = False, checkpoint_every: int = 100,
+              rolling_checkpoint_s: float = ROLLING_EVERY_S,
               control: bool = False, resume_command: str | None = None) -> SACResult:
     """Train SAC until `total_steps` env steps (over the run), export the deterministic policy and evaluate it.
 
@@ -699,6 +701,7 @@ def train_sac(config: SACConfig | None, *, env_id: str, run_dir: Path, seed: int
         log: Where progress lines go.
         resume: Continue from the newest checkpoint in `run_dir` (it must exist).
         checkpoint_every: Keep a checkpoint every this many commits (of `SACConfig.log_every` steps each).
+        rolling_checkpoint_s: Write the newest commit in the background at most this often (0: every commit).
         control: Serve the control endpoint (`strata status`, `strata runs`; SAC has one mode, so
             `strata switch` is refused).
         resume_command: The command the stop line tells the user to run.
@@ -733,7 +736,8 @@ def train_sac(config: SACConfig | None, *, env_id: str, run_dir: Path, seed: int
     started = time.perf_counter()
     start_version = int(state["version"]) if state else 0
     trainer = SACTrainer(config, env_id=env_id, seed=seed + 7919 * start_version, total_steps=total_steps)
-    checkpointer = Checkpointer(run_dir, keep_every=checkpoint_every * config.log_every, start_version=start_version)
+    checkpointer = Checkpointer(run_dir, keep_every=checkpoint_every * config.log_every, start_version=start_version,
+                                rolling_every_s=rolling_checkpoint_s)
     resume_command = resume_command or (f"strata train --algo sac --env {env_id} --run-dir {run_dir} --total-steps "
                                         f"{total_steps} --resume")
     server: Any = None

@@ -4,13 +4,15 @@ The learner (PPO in `cloud._train`, SAC in `cloud._sac`) drives one `Checkpointe
 
     RUNNING ──update v complete──> commit(v): the state is cloned in memory (well under a millisecond for
         strata's small nets); every `keep_every` updates it is written durably and kept, otherwise a
-        background thread writes it as the rolling checkpoint (not fsynced) and removes the previous one
+        background thread writes the newest commit as the rolling checkpoint (not fsynced; at most once per
+        `ROLLING_EVERY_S`, ``--rolling-checkpoint-s``) and removes the previous one
     RUNNING ──Ctrl-C (SIGINT) / SIGTERM / SIGHUP / a source failure / a learner error──> STOPPING
     STOPPING: SIGINT and SIGTERM are held; the rolling writer is drained; the last commit is written
         durably as ``checkpoints/{v:09d}.pt``; `stop_line` says in one line where it is and the command
         that resumes; then the sources are closed and the error goes on (exit 130, 143, or 2)
-    SIGKILL: nothing runs; the newest rolling checkpoint (at most one update behind, or the one being
-        written) is the resume point; child processes notice that their parent died
+    SIGKILL: nothing runs; the newest rolling checkpoint (at most about `ROLLING_EVERY_S` of training
+        behind, or one update when updates take longer; with 0, one update) is the resume point; child
+        processes notice that their parent died
         (`functions._lifetime`) and stop, unlinking their shared memory
     RESUME: the newest checkpoint; `trim_jsonl` drops the lines of ``metrics.jsonl`` and
         ``switches.jsonl`` past its version, so the logs continue without duplicates
@@ -26,6 +28,7 @@ import contextlib
 import json
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -104,6 +107,10 @@ def describe_stop(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
+ROLLING_EVERY_S = 1.0
+"""Default seconds between two rolling checkpoints (`Checkpointer`; ``--rolling-checkpoint-s``)."""
+
+
 class Checkpointer:
     """Commits of the learner's state, the periodic and rolling checkpoints, and the final one on a stop.
 
@@ -111,12 +118,20 @@ class Checkpointer:
         run_dir: The run dir (checkpoints go to ``checkpoints/``).
         keep_every: Every this many updates a commit is written durably and kept.
         start_version: The version the run starts from (a stop before any commit writes nothing new).
-        rolling: Write every other commit in the background as the rolling checkpoint.
+        rolling: Write other commits in the background as the rolling checkpoint (what a SIGKILL resumes from).
+        rolling_every_s: Start a rolling write at most this often (seconds; 0: every commit). The newest commit
+            is the one written, so a SIGKILL loses at most about this long of training, or the update in flight
+            when updates take longer; on tiny networks a write per update cost more CPU than the update.
         save: ``save(run_dir, state, durable) -> path``; `cloud._checkpoint.save_checkpoint` by default.
+        clock: Monotonic seconds (tests pass their own).
     """
 
     def __init__(self, run_dir: Path, *, keep_every: int, start_version: int, rolling: bool = True,
-                 save: Callable[[Path, dict[str, Any], bool], Path] | None = None) -> None:
+                 rolling_every_s: float = ROLLING_EVERY_S,
+                 save: Callable[[Path, dict[str, Any], bool], Path] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not rolling_every_s >= 0:  # also refuses NaN
+            raise ConfigError(f"Checkpointer: rolling_every_s must be >= 0 seconds, got {rolling_every_s}")
         self.run_dir = Path(run_dir)
         self.keep_every = keep_every
         self.start_version = start_version
@@ -130,6 +145,10 @@ class Checkpointer:
         self._writing = False
         self._closed = False
         self._rolled: int | None = None  # version of the rolling checkpoint on disk
+        self._rolling_every_s = float(rolling_every_s)
+        self._clock = clock
+        self._last_roll: float | None = None  # clock() when the last rolling write started
+        self._hurry = False  # drain(): write what is pending now, whatever the interval
         self._thread: threading.Thread | None = None
         if rolling:
             self._thread = threading.Thread(target=self._writer, name="strata-checkpoint", daemon=True)
@@ -174,12 +193,14 @@ class Checkpointer:
     def _writer(self) -> None:
         while True:
             with self._cond:
-                while self._pending is None and not self._closed:
-                    self._cond.wait()
-                if self._pending is None:
+                while not self._closed and (self._pending is None or self._wait_s() > 0):
+                    # A commit, drain() or close() notifies; the interval's end is a timeout.
+                    self._cond.wait(timeout=None if self._pending is None else self._wait_s())
+                if self._pending is None or self._closed:
                     return
                 state, self._pending = self._pending, None
                 self._writing = True
+                self._last_roll = self._clock()
             try:
                 version = int(state["version"])
                 self._save(self.run_dir, state, False)
@@ -196,11 +217,20 @@ class Checkpointer:
                     self._writing = False
                     self._cond.notify_all()
 
+    def _wait_s(self) -> float:
+        """Seconds until the next rolling write may start (caller holds the lock)."""
+        if self._hurry or self._last_roll is None:
+            return 0.0
+        return self._last_roll + self._rolling_every_s - self._clock()
+
     def drain(self) -> None:
-        """Wait until the rolling writer is idle."""
+        """Write the pending rolling checkpoint now, whatever the interval, and wait until the writer is idle."""
         with self._cond:
-            while self._pending is not None or self._writing:
+            self._hurry = True
+            self._cond.notify_all()
+            while (self._pending is not None and not self._closed) or self._writing:
                 self._cond.wait()
+            self._hurry = False
 
     def final(self) -> Path | None:
         """Write the last commit durably (unless it already is) and return it; None if nothing was committed."""

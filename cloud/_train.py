@@ -34,7 +34,7 @@ from cloud._control import SWITCHES_FILE
 from cloud._envs import make_vector_env, probe_spaces
 from cloud._metrics import MetricsWriter
 from cloud._ppo import Episode, PPOConfig, ppo_update
-from cloud._stop import Checkpointer, clone_state, resume_state, stop_signals
+from cloud._stop import ROLLING_EVERY_S, Checkpointer, clone_state, resume_state, stop_signals
 from cloud._switcher import SwitchEvent, SwitchRules
 from cloud._switching import (
     FRAGMENT_MODES,
@@ -103,6 +103,7 @@ def train(
     target_return: float | None = None,
     confirm_episodes: int = 0,
     checkpoint_every: int = 100,
+    rolling_checkpoint_s: float = ROLLING_EVERY_S,
     progress: bool | None = None,
     log: Callable[[str], None] = _print,
     switching: SwitchingConfig | None = None,
@@ -124,6 +125,8 @@ def train(
             over this many fresh episodes (0: no confirmation). A confirmation runs at most every
             `CONFIRM_EVERY` updates; its env steps are not counted in the budget.
         checkpoint_every: Also checkpoint every this many updates (the last update always is).
+        rolling_checkpoint_s: Write the newest update in the background at most this often (0: every update);
+            what a SIGKILL resumes from.
         progress: Show a rich progress bar (None: only when stdout is a terminal; otherwise print
             a progress line every few seconds).
         log: Where progress lines and notices go.
@@ -167,7 +170,8 @@ def train(
     check_action_space(config, action_space)
     switcher = None
     control: JobControl | None = None
-    checkpointer = Checkpointer(run_dir, keep_every=checkpoint_every, start_version=version)
+    checkpointer = Checkpointer(run_dir, keep_every=checkpoint_every, start_version=version,
+                                rolling_every_s=rolling_checkpoint_s)
     resume_command = resume_command or (f"strata train --env {env_id} --run-dir {run_dir} --total-steps "
                                         f"{total_steps} --resume")
     with stop_signals():

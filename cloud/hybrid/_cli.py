@@ -48,7 +48,7 @@ def train_hybrid_from_args(args: argparse.Namespace) -> int:
     spec = UnitSpec(env_id=args.env, total_steps=args.total_steps, run_dir=args.run_dir, seed=args.seed,
                     config=config, switching=switching, hybrid=config_from_args(HybridConfig, args),
                     resume=args.resume, target_return=args.target_return, confirm_episodes=args.confirm_episodes,
-                    checkpoint_every=args.checkpoint_every)
+                    checkpoint_every=args.checkpoint_every, rolling_checkpoint_s=args.rolling_checkpoint_s)
     result = train_hybrid(spec)
     if int(os.environ.get("RANK", "0")) != 0:
         return 0

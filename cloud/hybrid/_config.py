@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cloud._stop import ROLLING_EVERY_S
 from device import ConfigError
 
 if TYPE_CHECKING:
@@ -84,6 +85,8 @@ class UnitSpec:
     target_return: float | None = None
     confirm_episodes: int = 0
     checkpoint_every: int = 100
+    rolling_checkpoint_s: float = ROLLING_EVERY_S
+    """Seconds between rank 0's rolling checkpoints (`cloud._stop.Checkpointer`; 0: every update)."""
     progress: bool | None = None
 
     def __post_init__(self) -> None:

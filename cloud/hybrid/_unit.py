@@ -233,9 +233,11 @@ def run_unit(spec: UnitSpec) -> HybridResult:
 
         if group.is_leader:
             run_dir.mkdir(parents=True, exist_ok=True)
-            # Rank 0 commits every completed update: kept every checkpoint_every updates, otherwise written in
-            # the background as the rolling checkpoint; a stop of any kind writes the last commit.
-            checkpointer = Checkpointer(run_dir, keep_every=spec.checkpoint_every, start_version=version)
+            # Rank 0 commits every completed update: kept every checkpoint_every updates, otherwise the newest is
+            # written in the background as the rolling checkpoint (at most once per rolling_checkpoint_s); a stop
+            # of any kind writes the last commit.
+            checkpointer = Checkpointer(run_dir, keep_every=spec.checkpoint_every, start_version=version,
+                                        rolling_every_s=spec.rolling_checkpoint_s)
             leader = Leader(switcher=switcher, env_id=spec.env_id, run_dir=run_dir,
                             policy=spec.env_id.split("-")[0].lower(), control=spec.switching.control,
                             param_host=spec.hybrid.param_server_host, param_port=spec.hybrid.param_server_port)

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from cloud._metrics import read_metrics
 from cloud._ppo import PPOConfig
 from cloud._stop import Checkpointer, StopSignal, stop_signals, trim_jsonl
 from cloud._train import train
+from device import ConfigError
 from tests._cli import STRATA, run_strata
 
 TINY = ("--num-envs", "2", "--num-steps", "16", "--update-epochs", "1", "--hidden-sizes", "16")
@@ -193,6 +195,42 @@ def test_checkpointer_keeps_periodic_and_the_newest_rolling_checkpoint(tmp_path:
         checkpointer.close()
 
 
+def test_rolling_checkpoints_are_written_at_most_once_per_interval_and_drain_writes_the_newest(
+        tmp_path: Path) -> None:
+    saved: list[int] = []
+    written = threading.Event()
+    now = [100.0]
+
+    def save(run_dir: Path, state: dict[str, Any], durable: bool) -> Path:
+        assert not durable
+        saved.append(state["version"])
+        written.set()
+        return save_checkpoint(run_dir, state, durable=durable)
+
+    checkpointer = Checkpointer(tmp_path, keep_every=1000, start_version=0, rolling_every_s=10.0, save=save,
+                                clock=lambda: now[0])
+    try:
+        checkpointer.commit({"version": 1, "format": 1})
+        assert written.wait(WAIT_S)  # the first commit is written at once
+        written.clear()
+        now[0] = 105.0  # half the interval: commits 2 and 3 wait (the writer is woken by each and goes back)
+        checkpointer.commit({"version": 2, "format": 1})
+        checkpointer.commit({"version": 3, "format": 1})
+        assert not written.wait(1.0) and saved == [1]
+        now[0] = 110.0  # the interval has passed: the next commit is written, and only the newest
+        checkpointer.commit({"version": 4, "format": 1})
+        assert written.wait(WAIT_S) and saved == [1, 4]
+        written.clear()
+        checkpointer.commit({"version": 5, "format": 1})  # within the interval again ...
+        checkpointer.drain()  # ... but drain() writes it now
+        assert saved == [1, 4, 5]
+        assert [p.name for p in list_checkpoints(tmp_path)] == ["000000005.pt"]  # the rolled one replaces the last
+    finally:
+        checkpointer.close()
+    with pytest.raises(ConfigError, match="rolling_every_s must be >= 0 seconds, got nan"):
+        Checkpointer(tmp_path, keep_every=1, start_version=0, rolling_every_s=float("nan"))
+
+
 def test_stop_signals_turns_sigterm_into_an_exception() -> None:
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(StopSignal) as info, stop_signals():
@@ -251,7 +289,10 @@ def shm_segments(pid: int) -> list[str]:
 def test_nothing_outlives_the_trainer_in_any_mode(signum: int, tmp_path: Path) -> None:
     """Functions (runtime + workers), decoupled (2 env services) and co-located (pool workers), all warm."""
     run = tmp_path / "run"
-    with training(run, "--modes", "functions", "decoupled", "colocated", "--fragment-steps", "16") as proc:
+    # Rolling checkpoints of every update (the default writes at most one a second): the loss is then bounded in
+    # updates, which a test can check without reading the clock.
+    with training(run, "--modes", "functions", "decoupled", "colocated", "--fragment-steps", "16",
+                  "--rolling-checkpoint-s", "0") as proc:
         wait_for(lambda: metric_lines(run) >= 3, "three updates in the functions mode")
         children = descendants(proc.pid)
         lines = [cmdline(pid) for pid in children]

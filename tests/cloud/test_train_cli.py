@@ -109,3 +109,13 @@ def test_a_corrupt_checkpoint_is_a_one_line_error_for_resume_and_export(content:
         assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert f"{run / 'checkpoints' / '000000007.pt'} is not a readable strata checkpoint" in result.stderr
         assert "delete it to fall back to the previous checkpoint" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "inf", "soon"])
+def test_rolling_checkpoint_interval_must_be_seconds(value: str, tmp_path: Path) -> None:
+    result = run_strata("train", "--env", "CartPole-v1", "--rolling-checkpoint-s", value, "--run-dir",
+                        str(tmp_path / "r"))
+    assert result.returncode == 2, result.stderr
+    assert (f"argument --rolling-checkpoint-s: '{value}' is not a number of seconds >= 0; pass one such as 1.0"
+            in result.stderr)
+    assert "Traceback" not in result.stderr and not (tmp_path / "r").exists()
