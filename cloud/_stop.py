@@ -130,8 +130,9 @@ class Checkpointer:
                  rolling_every_s: float = ROLLING_EVERY_S,
                  save: Callable[[Path, dict[str, Any], bool], Path] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if not rolling_every_s >= 0:  # also refuses NaN
-            raise ConfigError(f"Checkpointer: rolling_every_s must be >= 0 seconds, got {rolling_every_s}")
+        if not 0 <= rolling_every_s < float("inf"):  # also refuses NaN; rolling=False is "never"
+            raise ConfigError(f"Checkpointer: rolling_every_s must be a finite number of seconds >= 0, got "
+                              f"{rolling_every_s}")
         self.run_dir = Path(run_dir)
         self.keep_every = keep_every
         self.start_version = start_version

@@ -227,8 +227,9 @@ def test_rolling_checkpoints_are_written_at_most_once_per_interval_and_drain_wri
         assert [p.name for p in list_checkpoints(tmp_path)] == ["000000005.pt"]  # the rolled one replaces the last
     finally:
         checkpointer.close()
-    with pytest.raises(ConfigError, match="rolling_every_s must be >= 0 seconds, got nan"):
-        Checkpointer(tmp_path, keep_every=1, start_version=0, rolling_every_s=float("nan"))
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ConfigError, match=f"rolling_every_s must be a finite number of seconds >= 0, got {bad}"):
+            Checkpointer(tmp_path, keep_every=1, start_version=0, rolling_every_s=bad)
 
 
 def test_stop_signals_turns_sigterm_into_an_exception() -> None:
