@@ -6,20 +6,7 @@ Nothing heavy is imported here: each command imports torch, gymnasium or onnx wh
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
-
-
-def _seconds(text: str) -> float:
-    """The argparse type of a duration: a finite number of seconds, 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0; pass one such as 1.0 (0: every "
-                                         "update)")
-    return value
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,7 +20,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from cloud._switcher import SwitchRules
     from cloud._switching import SwitchingConfig
     from cloud.hybrid import HybridConfig
-    from device import add_config_arguments
+    from device import add_config_arguments, finite_float, seconds
 
     demo = sub.add_parser(
         "demo",
@@ -71,7 +58,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     train.add_argument("--resume", action="store_true",
                        help="continue from the newest checkpoint in --run-dir (its hyperparameters, unless "
                        "flags below override them)")
-    train.add_argument("--target-return", type=float, default=None, metavar="R",
+    train.add_argument("--target-return", type=finite_float, default=None, metavar="R",
                        help="stop early once the mean return of the last 20 episodes reaches R (PPO; default: the "
                        "preset's solved threshold)")
     train.add_argument("--confirm-episodes", type=int, default=None, metavar="N",
@@ -80,7 +67,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     train.add_argument("--checkpoint-every", type=int, default=100, metavar="UPDATES",
                        help="also checkpoint every this many updates (SAC: commits of --log-every env steps; "
                        "default: %(default)s); every stop writes one")
-    train.add_argument("--rolling-checkpoint-s", type=_seconds, default=ROLLING_EVERY_S, metavar="SECONDS",
+    train.add_argument("--rolling-checkpoint-s", type=seconds, default=ROLLING_EVERY_S, metavar="SECONDS",
                        help="write the newest update in the background at most this often, so a kill -9 loses at "
                        "most about this long of training (0: every update; default: %(default)s)")
     add_config_arguments(train.add_argument_group("PPO hyperparameters (PPOConfig)"), PPOConfig)
@@ -104,7 +91,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     switch.add_argument("run", type=Path, metavar="RUN", help="run dir of a job started with `strata train`")
     switch.add_argument("--to", required=True, metavar="MODE",
                         help="target mode, one of the job's --modes (colocated, decoupled, fragments, functions, sync)")
-    switch.add_argument("--timeout", type=float, default=300.0, metavar="S",
+    switch.add_argument("--timeout", type=seconds, default=300.0, metavar="S",
                         help="give up after this many seconds (default: %(default)s)")
     switch.set_defaults(func=_switch)
 
@@ -139,7 +126,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     export.add_argument("--version", type=int, default=None, metavar="V",
                         help="policy version (checkpoint) to export (default: the newest)")
     export.add_argument("--policy", default=None, metavar="NAME", help="bundle policy name (default: from the env id)")
-    export.add_argument("--ttl-s", type=float, default=None, metavar="SECONDS",
+    export.add_argument("--ttl-s", type=seconds, default=None, metavar="SECONDS",
                         help="seconds until the bundle expires (default: never)")
     export.add_argument("--weights", default="fp32", choices=["fp32", "fp16", "int8"],
                         help="with --tier device: weight storage of the distilled micro policy (default: %(default)s)")

@@ -21,7 +21,7 @@ from device._bundle_errors import (
     VerifierStateError,
     WrongTierError,
 )
-from device._config import add_config_arguments, config_from_args, config_from_dict, field_docs
+from device._config import add_config_arguments, config_from_args, config_from_dict, field_docs, finite_float, seconds
 from device._deps import require
 from device._device_run import (
     Decision,
@@ -99,6 +99,7 @@ __all__ = [
     "config_from_dict",
     "export_c",
     "field_docs",
+    "finite_float",
     "fsync_dir",
     "generate_keypair",
     "load_public_key",
@@ -110,6 +111,7 @@ __all__ = [
     "quantize_model",
     "require",
     "run_device",
+    "seconds",
     "smallest_storage",
     "space_bounds",
     "space_to_json",

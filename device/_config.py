@@ -51,8 +51,8 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _finite_float(text: str) -> float:
-    """The argparse type of every float field: a finite number.
+def finite_float(text: str) -> float:
+    """The argparse type of every float field (and of other float flags): a finite number.
 
     Python's float() takes "nan" and "inf", which no config field means; they would surface only later, as NaN
     weights or an endless wait.
@@ -63,6 +63,17 @@ def _finite_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; pass a number such as 0.5")
+    return value
+
+
+def seconds(text: str) -> float:
+    """The argparse type of a duration flag: a finite number of seconds, 0 or more."""
+    try:
+        value = finite_float(text)
+    except argparse.ArgumentTypeError:
+        value = -1.0
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0; pass one such as 1.0")
     return value
 
 
@@ -104,7 +115,7 @@ def add_config_arguments(
             kwargs["type"] = args[0]
             kwargs["metavar"] = args[0].__name__.upper()
         elif hint in (int, float, str):
-            kwargs["type"] = _finite_float if hint is float else hint
+            kwargs["type"] = finite_float if hint is float else hint
             kwargs["metavar"] = hint.__name__.upper()
         else:
             kwargs["type"] = str

@@ -15,6 +15,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _register_functions(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`strata functions serve`: the local function runtime (Lambda's Invoke API on loopback)."""
+    from device import finite_float, seconds
+
     functions = sub.add_parser("functions", help="serverless env functions: the local Lambda-compatible runtime")
     fsub = functions.add_subparsers(dest="functions_command", metavar="SUBCOMMAND", required=True)
     serve = fsub.add_parser(
@@ -30,19 +32,20 @@ def _register_functions(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     serve.add_argument("--from-endpoint", metavar="URL", help="read a deployment back from this AWS endpoint "
                        "(provided by the infra tier)")
     serve.add_argument("--stage", default="dev", help="deployment stage for --from-endpoint (default: %(default)s)")
-    serve.add_argument("--throttle-rate", type=float, default=0.0, help="fault: fraction of invocations answered 429")
-    serve.add_argument("--duplicate-rate", type=float, default=0.0,
+    serve.add_argument("--throttle-rate", type=finite_float, default=0.0,
+                       help="fault: fraction of invocations answered 429")
+    serve.add_argument("--duplicate-rate", type=finite_float, default=0.0,
                        help="fault: fraction of Event invocations delivered twice")
-    serve.add_argument("--cold-start-delay", type=float, default=0.0, metavar="S",
+    serve.add_argument("--cold-start-delay", type=seconds, default=0.0, metavar="S",
                        help="fault: extra seconds each new worker takes to start")
-    serve.add_argument("--crash-rate", type=float, default=0.0,
+    serve.add_argument("--crash-rate", type=finite_float, default=0.0,
                        help="fault: fraction of invocations whose worker is killed mid-invocation")
-    serve.add_argument("--service-error-rate", type=float, default=0.0,
+    serve.add_argument("--service-error-rate", type=finite_float, default=0.0,
                        help="fault: fraction of invocations answered 500 ServiceException")
     serve.add_argument("--no-memory-limit", action="store_true", help="do not apply RLIMIT_AS to workers")
     serve.add_argument("--account-concurrency", type=int, default=1000,
                        help="concurrent executions across all functions; more get 429 (default: %(default)s)")
-    serve.add_argument("--idle-timeout", type=float, default=900.0, metavar="S",
+    serve.add_argument("--idle-timeout", type=seconds, default=900.0, metavar="S",
                        help="stop a warm worker idle this long, like a reclaimed Lambda environment "
                        "(default: %(default)s)")
     serve.set_defaults(func=_serve_functions)

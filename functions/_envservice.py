@@ -631,7 +631,7 @@ def serve(config: EnvServiceConfig, *, duration_s: float = 0.0, announce: Callab
 
 def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `strata envs serve` to the root parser."""
-    from device import add_config_arguments
+    from device import add_config_arguments, seconds
 
     envs = sub.add_parser("envs", help="env simulators as gRPC services",
                           description="Host env simulators behind the strata env service (gRPC).")
@@ -640,7 +640,7 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                                   description="Host K gymnasium envs behind gRPC: per-step, batched and "
                                   "rollout-fragment calls, with grpc.health.v1. Prints HOST:PORT when ready.")
     add_config_arguments(serve_p, EnvServiceConfig)
-    serve_p.add_argument("--duration", type=float, default=0.0, metavar="SECONDS",
+    serve_p.add_argument("--duration", type=seconds, default=0.0, metavar="SECONDS",
                          help="stop after this many seconds (default: 0, run until interrupted)")
     serve_p.set_defaults(func=_serve_command)
 
