@@ -11,8 +11,19 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from device import StrataError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with each error on one line, what is wrong and where the help is, instead of the usage dump.
+
+    Every sub-parser is built from this class too (``add_subparsers`` makes them of the parent's type).
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     from functions import _cli as functions_cli
     from infra import _cli as infra_cli
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="strata",
         description="Train RL policies in the cloud, run them at the edge. "
         "Start with `strata demo`; every command has --help.",

@@ -31,7 +31,6 @@ def _password(args: argparse.Namespace) -> str | None:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the edge tier's commands to the root parser."""
-    from device import seconds
     from edge._agent import EdgeAgentConfig
 
     publish = sub.add_parser(
@@ -40,8 +39,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "and announce it; waits for the broker's acknowledgements.")
     publish.add_argument("bundle", type=Path, help="bundle file (from `strata export` or device.build_bundle)")
     _link_flags(publish, user_help="broker username (the cloud identity)")
-    publish.add_argument("--timeout", type=seconds, default=10.0,
-                         help="seconds to wait for acks (default: %(default)s)")
+    publish.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for acks (default: %(default)s)")
     publish.add_argument("--tier", choices=["edge", "device"], default="edge",
                          help="edge: a policy for edge agents (default); device: a micro policy (from `strata export "
                          "--tier device`) published retained to strata/FLEET/device-policy, which every edge "
@@ -101,7 +99,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Listen to the fleet's retained status messages and telemetry for --wait seconds and print "
         "one row per node.")
     _link_flags(fleet, user_help="broker username (the cloud identity)")
-    fleet.add_argument("--wait", type=seconds, default=1.0, help="seconds to listen (default: %(default)s)")
+    fleet.add_argument("--wait", type=float, default=1.0, help="seconds to listen (default: %(default)s)")
     fleet.add_argument("--nodes", default=None,
                        help="comma-separated node ids to watch exactly (needed on AWS IoT; default: all, wildcard)")
     fleet.add_argument("--json", action="store_true", help="print JSON instead of a table")
