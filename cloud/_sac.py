@@ -96,6 +96,9 @@ class SACConfig:
     """With use_sde: redraw the exploration matrix every this many env steps; -1 at each episode's start."""
     sde_log_std_init: float = -3.0
     """With use_sde: initial value of every entry of the learned log-std matrix (SB3's ``log_std_init``)."""
+    sde_at_warmup: bool = False
+    """With use_sde: the gSDE policy acts before learning_starts instead of uniformly random actions (SB3's
+    ``use_sde_at_warmup``; how SB3 runs a Zoo entry whose learning_starts is 0)."""
     # replay
     buffer_size: int = 100_000
     """Replay capacity in transitions."""
@@ -134,6 +137,9 @@ class SACConfig:
         if self.sde_sample_freq == 0 or self.sde_sample_freq < -1:
             raise ConfigError(f"SACConfig: sde_sample_freq={self.sde_sample_freq} must be -1 (each episode) or a "
                               "positive number of env steps")
+        if self.sde_at_warmup and not self.use_sde:
+            raise ConfigError("SACConfig: sde_at_warmup acts with the gSDE policy during warm-up; it needs use_sde "
+                              "(--use-sde), or drop --sde-at-warmup")
         if self.learning_starts < self.batch_size:
             raise ConfigError(f"SACConfig: learning_starts={self.learning_starts} is below batch_size="
                               f"{self.batch_size}; collect at least one batch before learning")
@@ -499,7 +505,7 @@ class SACTrainer:
         started, steps_at_start = time.perf_counter(), self.global_step
         while self.global_step < until_step:
             step = self.global_step
-            if step < cfg.learning_starts:
+            if step < cfg.learning_starts and not cfg.sde_at_warmup:
                 actions = self.rng.uniform(self.act_space.low, self.act_space.high, (1, *self.act_shape))
             else:
                 if cfg.use_sde and (self._sde_eps is None or (cfg.sde_sample_freq > 0

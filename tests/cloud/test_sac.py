@@ -278,6 +278,31 @@ def test_sde_holds_one_exploration_matrix_for_sde_sample_freq_steps(sde_trainer:
     assert [ids[k] == ids[k - 1] for k in range(1, 12)] == [True, True, True, False] * 2 + [True, True, True]
 
 
+def test_sde_at_warmup_acts_with_the_policy_before_learning_starts() -> None:
+    import dataclasses
+
+    trainer = SACTrainer(dataclasses.replace(SDE, sde_at_warmup=True), env_id="Pendulum-v1", seed=0,
+                         total_steps=1000)
+    try:
+        taken: list[np.ndarray] = []
+        step = trainer.envs.step
+        trainer.envs.step = lambda actions: (taken.append(actions), step(actions))[1]  # type: ignore[method-assign]
+        obs = torch.as_tensor(trainer.obs, dtype=torch.float32)
+        trainer.run(1)  # the first step already draws the exploration matrix and acts with the policy
+        assert trainer._sde_eps is not None and trainer.gradient_steps == 0
+        with torch.no_grad():
+            expected, _, _ = trainer.actor.get_action(obs, trainer._sde_eps)
+        np.testing.assert_allclose(taken[0], expected.numpy(), rtol=1e-6)
+        trainer.run(SDE.learning_starts - 1)
+        assert trainer.gradient_steps == 0  # learning still waits for learning_starts
+        trainer.run(SDE.learning_starts + 1)
+        assert trainer.gradient_steps >= 1
+    finally:
+        trainer.close()
+    with pytest.raises(ConfigError, match="sde_at_warmup acts with the gSDE policy during warm-up; it needs use_sde"):
+        dataclasses.replace(SDE, use_sde=False, sde_at_warmup=True)
+
+
 def test_sde_per_episode_redraws_only_when_an_episode_ends() -> None:
     import dataclasses
 
