@@ -227,7 +227,7 @@ def train(
                     version += 1
                     normalizer.update(batch.obs)
 
-                    crossed = _first_crossing(recent, new_episodes, target_return)
+                    crossed = _first_crossing(recent, new_episodes, target_return) if confirm_episodes == 0 else None
                     episodes += new_episodes
                     recent.extend(e.episodic_return for e in new_episodes)
                     elapsed = time.perf_counter() - started

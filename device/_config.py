@@ -69,10 +69,10 @@ def finite_float(text: str) -> float:
 def seconds(text: str) -> float:
     """The argparse type of a duration flag: a finite number of seconds, 0 or more."""
     try:
-        value = finite_float(text)
-    except argparse.ArgumentTypeError:
-        value = -1.0
-    if value < 0:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0; pass one such as 1.0")
     return value
 

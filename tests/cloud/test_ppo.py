@@ -62,7 +62,6 @@ def test_float_flags_refuse_what_is_not_a_finite_number(value: str, capsys: pyte
     assert parser.parse_args(["--sde-log-std-init", "-2.5"]).sde_log_std_init == -2.5
 
 
-
 def test_factory_builds_same_step_autoreset_envs() -> None:
     assert "sync" in VECTOR_ENV_MODES
     envs = make_vector_env("CartPole-v1", num_envs=3, seed=0)
