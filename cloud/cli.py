@@ -25,6 +25,19 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """Refuse leftovers here, so `strata train --bogus` points at `strata train --help`, not the root's.
+
+        argparse hands a sub-command's unknown arguments up to the root parser, which would name itself; the
+        innermost parser sees them first. Nothing in strata parses only the arguments it knows.
+        """
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the full `strata` parser with every tier's commands registered."""

@@ -39,10 +39,13 @@ def test_every_command_has_help(command: tuple[str, ...]) -> None:
     assert len(result.stdout.splitlines()) >= 3
 
 
-def test_unknown_flag_names_the_flag() -> None:
-    result = run_strata("demo", "--no-such-flag")
+@pytest.mark.parametrize("command", [("demo",), ("functions", "serve")], ids=lambda c: " ".join(("strata", *c)))
+def test_unknown_flag_is_one_line_naming_the_flag_and_the_commands_help(command: tuple[str, ...]) -> None:
+    result = run_strata(*command, "--no-such-flag")
     assert result.returncode == 2
-    assert "unrecognized arguments: --no-such-flag" in result.stderr
+    prog = " ".join(("strata", *command))
+    [line] = result.stderr.strip().splitlines()
+    assert line == f"{prog}: error: unrecognized arguments: --no-such-flag (see `{prog} --help`)"
 
 
 def test_missing_extra_prints_install_hint_not_traceback() -> None:
