@@ -25,6 +25,7 @@ import argparse
 import collections
 import json
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from typing import Any
 WINDOW = 20
 MUJOCO_STEPS = 100_000
 QUICK_CAP = 1_000
+PROGRESS_EVERY_S = 60.0  # a progress line on stderr at most this often: the long cases run for hours
 
 FAMILIES = {
     "classic": ["ppo/CartPole-v1", "ppo/Acrobot-v1", "ppo/MountainCar-v0", "ppo/MountainCarContinuous-v0",
@@ -98,6 +100,27 @@ class Window:
         return sum(tail) / len(tail) if tail else float("nan")
 
 
+class Progress:
+    """A line on stderr now and then (env steps, the 20-episode mean, time taken), so an hours-long run shows life."""
+
+    def __init__(self, label: str, budget: int, started: float, every_s: float = PROGRESS_EVERY_S) -> None:
+        self.label, self.budget, self.started, self.every_s = label, budget, started, every_s
+        self._last = started
+
+    def update(self, step: int, window: Window) -> None:
+        """Report the env steps so far and the window's mean, if the last line is `every_s` old."""
+        if time.perf_counter() - self._last >= self.every_s:
+            mean = "-" if not window.returns else f"{window.mean():.1f}"
+            self.line(f"{step:,}/{self.budget:,} env steps  return({WINDOW}) {mean}")
+
+    def line(self, text: str) -> None:
+        """Print `text` (also one of strata's own progress lines) if the last line is `every_s` old."""
+        now = time.perf_counter()
+        if now - self._last >= self.every_s:
+            self._last = now
+            print(f"  {self.label}: {text}  {now - self.started:,.0f} s", file=sys.stderr, flush=True)
+
+
 def result(window: Window, steps: int, started: float, cpu_started: float, *, last: int = WINDOW) -> dict[str, Any]:
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     if window.solved is not None:
@@ -107,7 +130,8 @@ def result(window: Window, steps: int, started: float, cpu_started: float, *, la
             "return": round(window.mean(last), 1)}
 
 
-def run_strata(algo: str, env_id: str, seed: int, budget: int, target: float | None) -> dict[str, Any]:
+def run_strata(algo: str, env_id: str, seed: int, budget: int, target: float | None,
+               progress: Progress) -> dict[str, Any]:
     from cloud._presets import find_preset
 
     preset = find_preset(algo, env_id)
@@ -122,7 +146,7 @@ def run_strata(algo: str, env_id: str, seed: int, budget: int, target: float | N
             # applies, the mean of the last 20 training episodes.
             out = train(env_id=env_id, total_steps=budget, run_dir=Path(run_dir), seed=seed,
                         config=preset.make_config(env_mode="sync"), target_return=target, confirm_episodes=0,
-                        progress=False, log=lambda _: None)
+                        progress=False, log=progress.line)
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         solved = out.solved_at_step is not None
         if solved:  # to the solved moment, as SB3's callback measures: not the final checkpoint, nor the teardown
@@ -142,6 +166,7 @@ def run_strata(algo: str, env_id: str, seed: int, budget: int, target: float | N
             for r in trainer.train_returns[seen:]:
                 window.add(r, trainer.global_step, started)
             seen = len(trainer.train_returns)
+            progress.update(trainer.global_step, window)
         return result(window, trainer.global_step, started, cpu_started, last=WINDOW if target is not None else 10)
     finally:
         trainer.close()
@@ -154,7 +179,8 @@ def _schedule(value: Any) -> Any:
     return value
 
 
-def run_sb3(algo: str, env_id: str, seed: int, budget: int, target: float | None) -> dict[str, Any]:
+def run_sb3(algo: str, env_id: str, seed: int, budget: int, target: float | None,
+            progress: Progress) -> dict[str, Any]:
     import torch
     from stable_baselines3 import PPO, SAC
     from stable_baselines3.common.callbacks import BaseCallback
@@ -178,6 +204,7 @@ def run_sb3(algo: str, env_id: str, seed: int, budget: int, target: float | None
             for info in self.locals["infos"]:
                 if "episode" in info:
                     window.add(float(info["episode"]["r"]), self.num_timesteps, started)
+            progress.update(self.num_timesteps, window)
             return window.solved is None
 
     envs = make_vec_env(env_id, n_envs=n_envs, seed=seed)
@@ -237,7 +264,8 @@ def main() -> None:
         for seed in seeds:  # interleaved, so load changes on the shared machine hit both learners alike
             for name in chosen:
                 row = {"case": case, "learner": name, "seed": seed, "budget": budget, "target": target,
-                       **learners[name](algo, env_id, seed, budget, target)}
+                       **learners[name](algo, env_id, seed, budget, target,
+                                        Progress(f"{case} {name} seed {seed}", budget, time.perf_counter()))}
                 runs.append(row)
                 print(f"{case:<30} {name:<7} {seed:>4} {'yes' if row['solved'] else 'no':>6} {row['steps']:>10,} "
                       f"{row['wall_s']:>8.1f} {row['cpu_s']:>8.1f} {row['return']:>8.1f}", flush=True)
