@@ -131,7 +131,7 @@ def result(window: Window, steps: int, started: float, cpu_started: float, *, la
 
 
 def run_strata(algo: str, env_id: str, seed: int, budget: int, target: float | None,
-               progress: Progress) -> dict[str, Any]:
+               progress: Progress, overrides: dict[str, Any]) -> dict[str, Any]:
     from cloud._presets import find_preset
 
     preset = find_preset(algo, env_id)
@@ -145,8 +145,8 @@ def run_strata(algo: str, env_id: str, seed: int, budget: int, target: float | N
             # In-process envs, like SB3's DummyVecEnv. No confirmation: the criterion is the one SB3's callback
             # applies, the mean of the last 20 training episodes.
             out = train(env_id=env_id, total_steps=budget, run_dir=Path(run_dir), seed=seed,
-                        config=preset.make_config(env_mode="sync"), target_return=target, confirm_episodes=0,
-                        progress=False, log=progress.line)
+                        config=preset.make_config(**{**overrides, "env_mode": "sync"}), target_return=target,
+                        confirm_episodes=0, progress=False, log=progress.line)
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         solved = out.solved_at_step is not None
         if solved:  # to the solved moment, as SB3's callback measures: not the final checkpoint, nor the teardown
@@ -156,8 +156,8 @@ def run_strata(algo: str, env_id: str, seed: int, budget: int, target: float | N
         return {"solved": solved, "steps": out.solved_at_step if solved else out.global_step,
                 "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "return": round(out.mean_return, 1)}
     # In-process envs and replay, like SB3's.
-    trainer = SACTrainer(preset.make_config(env_mode="sync", replay="local"), env_id=env_id, seed=seed,
-                         total_steps=budget)
+    trainer = SACTrainer(preset.make_config(**{**overrides, "env_mode": "sync", "replay": "local"}), env_id=env_id,
+                         seed=seed, total_steps=budget)
     window = Window(target)
     try:
         seen = 0
@@ -180,13 +180,14 @@ def _schedule(value: Any) -> Any:
 
 
 def run_sb3(algo: str, env_id: str, seed: int, budget: int, target: float | None,
-            progress: Progress) -> dict[str, Any]:
+            progress: Progress, overrides: dict[str, Any]) -> dict[str, Any]:
     import torch
     from stable_baselines3 import PPO, SAC
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
+    assert not overrides, "--set changes strata's preset only"
     kwargs = dict(ZOO[f"{algo}/{env_id}"])
     normalize = kwargs.pop("normalize", False)
     n_envs = kwargs.pop("n_envs", 1)
@@ -228,7 +229,21 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=0, metavar="N",
                         help="seeds N, N+1, ... (to complete a table run in parts; default: %(default)s)")
     parser.add_argument("--learners", default="strata,sb3", help="comma-separated (default: %(default)s)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
+                        help="change one field of strata's preset config (repeatable; a sweep, e.g. "
+                             "--set 'hidden_sizes=[256, 256]' --learners strata)")
     args = parser.parse_args()
+    overrides: dict[str, Any] = {}
+    for item in args.set:
+        field, sep, value = item.partition("=")
+        try:
+            overrides[field.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            if not sep:
+                parser.error(f"--set {item}: write FIELD=JSON, e.g. --set 'hidden_sizes=[256, 256]'")
+            overrides[field.strip()] = value  # a bare word: a string field such as env_mode
+    if overrides and "sb3" in args.learners.split(","):
+        parser.error(f"--set {args.set[0]}: changes strata's preset only; pass --learners strata with it")
 
     import torch
     import torch._dynamo
@@ -243,11 +258,22 @@ def main() -> None:
     unknown = [c for c in cases if c not in ZOO]
     if unknown:
         parser.error(f"--only {unknown[0]}: not a case; choose from {', '.join(ZOO)}")
+    for case in cases if overrides else []:  # a misspelt field fails now, not after hours of other runs
+        algo, env_id = case.split("/")
+        preset = find_preset(algo, env_id)
+        assert preset is not None, case
+        try:
+            preset.make_config(**overrides)
+        except (TypeError, ValueError) as exc:
+            parser.error(f"--set {' '.join(args.set)}: {exc} (for {case})")
     if args.seeds < 1 or args.first_seed < 0:
         parser.error(f"--seeds {args.seeds} --first-seed {args.first_seed}: need at least one seed, from 0 up")
     seeds = list(range(args.first_seed, args.first_seed + (1 if args.quick else args.seeds)))
     learners: dict[str, Callable[..., dict[str, Any]]] = {"strata": run_strata, "sb3": run_sb3}
     chosen = [name for name in args.learners.split(",") if name]
+    unknown_learners = [name for name in chosen if name not in learners]
+    if unknown_learners:
+        parser.error(f"--learners {unknown_learners[0]}: not a learner; choose from {', '.join(learners)}")
     runs: list[dict[str, Any]] = []
     print(f"{'case':<30} {'learner':<7} {'seed':>4} {'solved':>6} {'env steps':>10} {'wall s':>8} {'cpu s':>8} "
           f"{'return':>8}",
@@ -265,7 +291,8 @@ def main() -> None:
             for name in chosen:
                 row = {"case": case, "learner": name, "seed": seed, "budget": budget, "target": target,
                        **learners[name](algo, env_id, seed, budget, target,
-                                        Progress(f"{case} {name} seed {seed}", budget, time.perf_counter()))}
+                                        Progress(f"{case} {name} seed {seed}", budget, time.perf_counter()),
+                                        overrides)}
                 runs.append(row)
                 print(f"{case:<30} {name:<7} {seed:>4} {'yes' if row['solved'] else 'no':>6} {row['steps']:>10,} "
                       f"{row['wall_s']:>8.1f} {row['cpu_s']:>8.1f} {row['return']:>8.1f}", flush=True)
@@ -288,8 +315,8 @@ def main() -> None:
     for case, per in summary.items():
         print(f"  {case}: " + "; ".join(f"{k} {v}" for k, v in per.items()))
     # A run that ended no episode has a NaN return: null in the JSON line, which strict parsers accept.
-    print(json.dumps(_nan_to_none({"benchmark": "presets", "quick": args.quick, "seeds": seeds, "summary": summary,
-                                   "runs": runs}), allow_nan=False))
+    print(json.dumps(_nan_to_none({"benchmark": "presets", "quick": args.quick, "seeds": seeds, "set": overrides,
+                                   "summary": summary, "runs": runs}), allow_nan=False))
 
 
 def _nan_to_none(value: Any) -> Any:
