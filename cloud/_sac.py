@@ -68,6 +68,9 @@ class SACConfig:
     """Adam learning rate of the twin Q networks."""
     policy_lr: float = 3e-4
     """Adam learning rate of the actor and of log_alpha."""
+    anneal_lr: bool = False
+    """Decay all three learning rates linearly to zero over the run's total steps (SB3's ``lin_`` schedules, which
+    RL Zoo's SAC entries use)."""
     gamma: float = 0.99
     """Discount factor."""
     tau: float = 0.005
@@ -561,6 +564,11 @@ class SACTrainer:
         """The SAC update of one sampled batch; sends |TD error| back to the replay as priorities."""
         torch = self.torch
         cfg = self.config
+        if cfg.anneal_lr:  # as SB3: the fraction of the planned steps still to come, before each gradient step
+            remaining = max(0.0, 1.0 - self.global_step / self.total_steps)
+            self.q_optimizer.param_groups[0]["lr"] = remaining * cfg.q_lr
+            self.actor_optimizer.param_groups[0]["lr"] = remaining * cfg.policy_lr
+            self.a_optimizer.param_groups[0]["lr"] = remaining * cfg.policy_lr
         d = batch.data
         obs = torch.from_numpy(d["obs"])
         actions = torch.from_numpy(d["action"])

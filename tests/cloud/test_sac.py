@@ -418,3 +418,28 @@ def test_pendulum_exported_policy_reaches_minus_200_within_30k_steps(seed: int, 
     assert len(result.eval_returns) == 20
     assert result.mean_eval_return >= -200, result.eval_returns
     assert evaluate_onnx_policy(result.model, env_id="Pendulum-v1", episodes=1, seed=0)[0] > -1000
+
+
+def test_anneal_lr_decays_every_learning_rate_linearly_to_zero_over_the_run() -> None:
+    """SB3's ``lin_`` schedules, which the Zoo's SAC LunarLanderContinuous entry uses: before each gradient step,
+    each rate is its start times the fraction of the planned env steps still to come."""
+    import dataclasses
+
+    config = dataclasses.replace(TINY, anneal_lr=True, q_lr=1e-3, policy_lr=4e-4)
+    trainer = SACTrainer(config, env_id="Pendulum-v1", seed=0, total_steps=400)
+    try:
+        trainer.run(100)
+        rates = [o.param_groups[0]["lr"] for o in (trainer.q_optimizer, trainer.actor_optimizer, trainer.a_optimizer)]
+        np.testing.assert_allclose(rates, [0.75e-3, 3e-4, 3e-4])  # the last step learned at global_step 100
+        trainer.run(400)
+        rates = [o.param_groups[0]["lr"] for o in (trainer.q_optimizer, trainer.actor_optimizer, trainer.a_optimizer)]
+        np.testing.assert_allclose(rates, [0.0, 0.0, 0.0], atol=1e-12)
+    finally:
+        trainer.close()
+    plain = SACTrainer(dataclasses.replace(TINY, q_lr=1e-3, policy_lr=4e-4), env_id="Pendulum-v1", seed=0,
+                       total_steps=400)
+    try:
+        plain.run(100)
+        assert [o.param_groups[0]["lr"] for o in (plain.q_optimizer, plain.actor_optimizer)] == [1e-3, 4e-4]
+    finally:
+        plain.close()
