@@ -235,13 +235,12 @@ def main() -> None:
     args = parser.parse_args()
     overrides: dict[str, Any] = {}
     for item in args.set:
-        field, sep, value = item.partition("=")
+        field, _, value = item.partition("=")
         try:
             overrides[field.strip()] = json.loads(value)
         except json.JSONDecodeError:
-            if not sep:
-                parser.error(f"--set {item}: write FIELD=JSON, e.g. --set 'hidden_sizes=[256, 256]'")
-            overrides[field.strip()] = value  # a bare word: a string field such as env_mode
+            parser.error(f"--set {item}: write FIELD=JSON, e.g. --set 'hidden_sizes=[256, 256]' (a string in double "
+                         "quotes)")
     if overrides and "sb3" in args.learners.split(","):
         parser.error(f"--set {args.set[0]}: changes strata's preset only; pass --learners strata with it")
 
@@ -266,6 +265,11 @@ def main() -> None:
             preset.make_config(**overrides)
         except (TypeError, ValueError) as exc:
             parser.error(f"--set {' '.join(args.set)}: {exc} (for {case})")
+        for field, value in overrides.items():  # the config takes any value; a wrong kind fails only mid-run
+            default = getattr(preset.make_config(), field)
+            if not _same_kind(value, default):
+                parser.error(f"--set {field}={json.dumps(value)}: {case}'s {field} is {default!r}; give a value "
+                             "of that kind")
     if args.seeds < 1 or args.first_seed < 0:
         parser.error(f"--seeds {args.seeds} --first-seed {args.first_seed}: need at least one seed, from 0 up")
     seeds = list(range(args.first_seed, args.first_seed + (1 if args.quick else args.seeds)))
@@ -317,6 +321,17 @@ def main() -> None:
     # A run that ended no episode has a NaN return: null in the JSON line, which strict parsers accept.
     print(json.dumps(_nan_to_none({"benchmark": "presets", "quick": args.quick, "seeds": seeds, "set": overrides,
                                    "summary": summary, "runs": runs}), allow_nan=False))
+
+
+def _same_kind(value: Any, like: Any) -> bool:
+    """Whether a JSON `value` can stand for the config value `like` (an int for a float, a list for a tuple)."""
+    if isinstance(like, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(like, bool)
+    if isinstance(like, float):
+        return isinstance(value, int | float)
+    if isinstance(like, tuple):
+        return isinstance(value, list) and len(value) > 0 and all(_same_kind(v, like[0]) for v in value)
+    return isinstance(value, type(like))
 
 
 def _nan_to_none(value: Any) -> Any:
