@@ -105,7 +105,7 @@ def test_sac_preset_config_and_flag_override() -> None:
     if importlib.util.find_spec("Box2D") is None:
         pytest.skip("Box2D is not installed here")
     apply_preset(args, log=lambda _: None)
-    assert args.hidden_sizes == (400, 300) and args.batch_size == 64
+    assert args.hidden_sizes == (256, 256) and args.batch_size == 64
     assert args.target_return is None  # SAC runs its whole budget
     from device import config_from_args
 
