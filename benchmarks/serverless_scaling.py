@@ -33,7 +33,8 @@ from botocore.config import Config
 
 from cloud._serverless import ServerlessConfig, ServerlessRolloutSource, local_scaling
 from functions._handlers import ping_handler, rollout_handler
-from functions._runtime import FunctionSpec, LocalRuntime, RuntimeConfig, SourceTreeFunctions
+from functions._lambda_api import FunctionSpec
+from functions._runtime import LocalRuntime, RuntimeConfig, SourceTreeFunctions
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -32,11 +32,11 @@ if TYPE_CHECKING:
     from functions._errors import EventError, FunctionsError, NoEnvCodecError, RuntimeConfigError, SimulationError
     from functions._events import ErrorResult, RolloutRequest, RolloutResult, parse_result, parse_rollout_event
     from functions._handlers import ping_handler, rollout_handler
+    from functions._lambda_api import FunctionSpec
     from functions._paramclient import ParamClientError, ParameterClient, WeightsHashError
     from functions._runtime import (
         FaultConfig,
         FunctionSource,
-        FunctionSpec,
         LocalRuntime,
         RuntimeConfig,
         SourceTreeFunctions,
@@ -55,7 +55,7 @@ _LAZY = {
     "Field": "functions._envstate",
     "FieldCodec": "functions._envstate",
     "FunctionSource": "functions._runtime",
-    "FunctionSpec": "functions._runtime",
+    "FunctionSpec": "functions._lambda_api",
     "FunctionsError": "functions._errors",
     "LocalRuntime": "functions._runtime",
     "NoEnvCodecError": "functions._errors",

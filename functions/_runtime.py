@@ -54,7 +54,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
@@ -64,6 +64,7 @@ from functions._errors import RuntimeConfigError
 from functions._lambda_api import (
     FUNCTIONS_PATH,
     ApiError,
+    FunctionSpec,
     function_arn,
     handle_get,
     not_found,
@@ -81,56 +82,6 @@ _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 # ---- configuration ------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True, kw_only=True)
-class FunctionSpec:
-    """One function the runtime serves."""
-
-    name: str
-    """Function name, as in ``FunctionName``."""
-    handler: str
-    """``module.attribute`` of the handler, e.g. ``functions._handlers.rollout_handler``."""
-    timeout_s: float = 30.0
-    """Longest one invocation may run (Lambda: 1-900 s); past it the worker is killed."""
-    memory_mb: int = 1024
-    """Memory size (Lambda: 128-10240 MB), reported to the handler and enforced as RLIMIT_AS (see module doc)."""
-    reserved_concurrency: int = 4
-    """Most concurrent invocations (= warm workers); one more synchronous invocation gets 429."""
-    environment: Mapping[str, str] = field(default_factory=dict)
-    """Environment variables of the function (Lambda's function configuration)."""
-    versions: tuple[str, ...] = ()
-    """Published version numbers a ``Qualifier`` may name, besides ``$LATEST`` (all run the same code here)."""
-    aliases: Mapping[str, str] = field(default_factory=dict)
-    """Alias name -> version."""
-    code_dir: str | None = None
-    """Directory prepended to the workers' PYTHONPATH (an unpacked deployment package); None: the source tree."""
-    code_sha256: str = ""
-    """``CodeSha256`` the read operations report (a deployment's); empty: a stand-in hash of handler and code."""
-    code_size: int = 0
-    """``CodeSize`` in bytes the read operations report."""
-
-    def __post_init__(self) -> None:
-        if not 0 < self.timeout_s <= 900:
-            raise RuntimeConfigError(f"FunctionSpec({self.name!r}): timeout_s must be in (0, 900], "
-                                     f"got {self.timeout_s}")
-        if not 128 <= self.memory_mb <= 10240:
-            raise RuntimeConfigError(f"FunctionSpec({self.name!r}): memory_mb must be in [128, 10240], "
-                                     f"got {self.memory_mb}")
-        if self.reserved_concurrency < 1:
-            raise RuntimeConfigError(f"FunctionSpec({self.name!r}): reserved_concurrency must be >= 1, "
-                                     f"got {self.reserved_concurrency}")
-        if "." not in self.handler:
-            raise RuntimeConfigError(f"FunctionSpec({self.name!r}): handler must be 'module.attribute', "
-                                     f"got {self.handler!r}")
-
-    def resolve(self, qualifier: str | None) -> str | None:
-        """The version a qualifier names (``$LATEST``, a version or an alias), or None when unknown."""
-        if qualifier in (None, "", "$LATEST"):
-            return "$LATEST"
-        if qualifier in self.versions:
-            return qualifier
-        return self.aliases.get(qualifier) if qualifier is not None else None
-
 
 @dataclass(frozen=True, kw_only=True)
 class FaultConfig:

@@ -32,7 +32,7 @@ from infra._models import ENV_BUCKET, FUNCTIONS, Names
 from infra.aws import client, or_none
 
 if TYPE_CHECKING:
-    from functions._runtime import FunctionSpec
+    from functions._lambda_api import FunctionSpec
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 _LOCAL_WORKERS = 4
@@ -154,7 +154,7 @@ def _read_back(name: str, *, qualifier: str | None, endpoint_url: str | None, re
 
 def _spec(code: DeployedCode, *, aliases: dict[str, str], versions: tuple[str, ...]) -> FunctionSpec:
     """The local runtime's ``FunctionSpec`` of one deployed version."""
-    from functions._runtime import FunctionSpec
+    from functions._lambda_api import FunctionSpec
 
     config = code.configuration
     return FunctionSpec(

@@ -24,7 +24,8 @@ from cloud._serverless import (
     make_serverless_source,
 )
 from device import RolloutBatch
-from functions._runtime import FaultConfig, FunctionSpec, LocalRuntime, RuntimeConfig, SourceTreeFunctions
+from functions._lambda_api import FunctionSpec
+from functions._runtime import FaultConfig, LocalRuntime, RuntimeConfig, SourceTreeFunctions
 from tests._services import MotoServer
 
 ROLLOUT = "functions._handlers.rollout_handler"

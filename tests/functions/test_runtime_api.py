@@ -18,7 +18,8 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.validate import ParamValidator
 
-from functions._runtime import FunctionSpec, LocalRuntime, RuntimeConfig, SourceTreeFunctions
+from functions._lambda_api import FunctionSpec
+from functions._runtime import LocalRuntime, RuntimeConfig, SourceTreeFunctions
 from tests.functions.test_runtime import H, lambda_client
 
 MODEL = botocore.session.get_session().get_service_model("lambda")

@@ -7,7 +7,8 @@ import json
 import boto3
 from botocore.config import Config
 
-from functions._runtime import FunctionSpec, LocalRuntime, RuntimeConfig, SourceTreeFunctions
+from functions._lambda_api import FunctionSpec
+from functions._runtime import LocalRuntime, RuntimeConfig, SourceTreeFunctions
 
 
 def test_a_reply_shorter_than_its_content_length_is_an_unhandled_error() -> None:
