@@ -46,6 +46,7 @@ from device._mqtt_access import (
     mqtt_client_id,
     mqtt_topic,
 )
+from device._names import identifier, inside, is_identifier, shown
 from device._quantize import quantization_error, quantize_model, smallest_storage
 from device._rollout import RolloutBatch
 from device._wire import WireError, pack_arrays, unpack_arrays
@@ -102,6 +103,9 @@ __all__ = [
     "finite_float",
     "fsync_dir",
     "generate_keypair",
+    "identifier",
+    "inside",
+    "is_identifier",
     "load_public_key",
     "load_signing_key",
     "mqtt_client_id",
@@ -112,6 +116,7 @@ __all__ = [
     "require",
     "run_device",
     "seconds",
+    "shown",
     "smallest_storage",
     "space_bounds",
     "space_to_json",
