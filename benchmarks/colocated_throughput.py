@@ -11,8 +11,8 @@ Env steps/s with actions chosen in the parent process (pre-drawn random actions)
 - strata 2Kx1 (heavy env only): strata with one worker per env, the process count async and subproc use;
 - envpool (CartPole-v1 and Pendulum-v1 only): EnvPool's C++ envs, 2K envs on 2 threads (`pip install envpool`),
   what a user who wants speed picks today;
-- before (with ``--before REV``): the pool as it was at git revision REV (its cloud/_shm_pool.py loaded as a
-  module), for same-run before/after ratios of a change to the pool.
+- before (with ``--before REV``): the pool as it was at git revision REV (REV's cloud tier loaded as the package
+  ``cloud_before``), for same-run before/after ratios of a change to the pool.
 
 Also numpy-vectorised CartPole (`gymnasium.make_vec(..., vectorization_mode="vector_entry_point")`) in the
 workers vs in this process, and co-located inference (an MLP 4-64-64-2 ONNX policy): batched in the
@@ -31,6 +31,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -134,17 +135,23 @@ def build_strata_per_env(env_id: str, k: int) -> Any:
 
 
 def load_pool_at(rev: str) -> Any:
-    """`SharedMemoryVectorEnv` as it was at git revision `rev`: its cloud/_shm_pool.py, loaded as its own module."""
-    src = subprocess.run(["git", "show", f"{rev}:cloud/_shm_pool.py"], cwd=REPO, capture_output=True, text=True)
-    if src.returncode != 0:
-        raise SystemExit(f"colocated_throughput: --before {rev}: {src.stderr.strip()}")
-    path = Path(tempfile.mkdtemp(prefix="strata_before_")) / "strata_pool_before.py"
-    path.write_text(src.stdout)
-    spec = importlib.util.spec_from_file_location("strata_pool_before", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["strata_pool_before"] = module
-    spec.loader.exec_module(module)
+    """`SharedMemoryVectorEnv` as it was at git revision `rev`, whatever the cloud tier's layout was then.
+
+    REV's ``cloud/`` is unpacked into a temporary folder as the package ``cloud_before`` (its own imports of
+    ``cloud`` renamed), so both versions of the pool run in one process and are measured in the same rounds.
+    """
+    out = Path(tempfile.mkdtemp(prefix="strata_before_"))
+    archive = subprocess.run(["git", "archive", rev, "cloud"], cwd=REPO, capture_output=True)
+    if archive.returncode != 0:
+        raise SystemExit(f"colocated_throughput: --before {rev}: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
+    (out / "cloud").rename(out / "cloud_before")
+    for source in (out / "cloud_before").rglob("*.py"):
+        text = source.read_text()
+        text = re.sub(r"\b(from|import) cloud\b", r"\1 cloud_before", text)
+        source.write_text(text.replace("cloud._", "cloud_before._").replace("cloud.", "cloud_before."))
+    sys.path.insert(0, str(out))
+    module = importlib.import_module("cloud_before")
     return module.SharedMemoryVectorEnv
 
 
@@ -342,8 +349,8 @@ def ppo_solve_times(seeds: tuple[int, ...], budget: int) -> dict[str, Any]:
     import tempfile
     from pathlib import Path
 
-    from cloud._ppo import PPOConfig
-    from cloud._train import train
+    from cloud.learners._ppo_config import PPOConfig
+    from cloud.runs._train import train
 
     out: dict[str, Any] = {}
     for mode in ("sync", "colocated"):

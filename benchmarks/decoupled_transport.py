@@ -9,7 +9,7 @@ Throughput, all in one run, 64 envs in total everywhere:
     (d) co-located           cloud.SharedMemoryVectorEnv, 2 workers x 32 envs, the same numpy policy
                              acting in the learner process
 
-Weight sync: a real PPO run (cloud._train.train, CartPole-v1) checkpoints every update; each version's
+Weight sync: a real PPO run (cloud.runs._train.train, CartPole-v1) checkpoints every update; each version's
 actor weights and observation-normaliser statistics are pushed to the parameter server, and clients
 sync them over gRPC: every version (lossless), every 4th version (lossless), and every version with
 int8 lossy deltas. Bytes per sync are the payload on the wire, as a distribution over the whole run.
@@ -98,7 +98,7 @@ def batched(address: str, seconds: float) -> float:
 
 
 def fragments(addresses: list[str], bundle: bytes, seconds: float, steps: int) -> tuple[float, dict[str, Any]]:
-    from cloud._decoupled import FragmentSource
+    from cloud.rollout._decoupled import FragmentSource
 
     src = FragmentSource(addresses, steps=steps, inflight=2, timeout_s=30)
     src.set_policy(bundle)
@@ -163,11 +163,11 @@ def weight_sync(total_steps: int, tmp: Path, eval_episodes: int) -> dict[str, An
     import torch
 
     torch.set_num_threads(1)
-    from cloud._agent import Agent, ObsNormalizer
-    from cloud._checkpoint import list_checkpoints, load_checkpoint
-    from cloud._paramserver import ParameterServer
-    from cloud._ppo import PPOConfig
-    from cloud._train import train
+    from cloud.learners._agent import Agent, ObsNormalizer
+    from cloud.learners._ppo_config import PPOConfig
+    from cloud.params._server import ParameterServer
+    from cloud.runs._checkpoint import list_checkpoints, load_checkpoint
+    from cloud.runs._train import train
     from functions._codec import _shuffle
     from functions._paramclient import ParameterClient
 
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     ppo_steps = 6144 if args.quick else 60_000
     eval_episodes = 5 if args.quick else 20
 
-    from cloud._decoupled import start_services
+    from cloud.rollout._decoupled import start_services
 
     figures: dict[str, Any] = {"env": "CartPole-v1", "quick": args.quick, "seconds_per_mode": seconds}
     with tempfile.TemporaryDirectory() as tmp_name:

@@ -138,9 +138,9 @@ def _budget(env_id: str, quick: bool) -> tuple[int, float]:
 
 def run_single(env_id: str, mode: str, *, seed: int, quick: bool, work: Path) -> dict[str, Any]:
     """One learner process (this one) fed by W co-located workers or W decoupled env services."""
-    from cloud._ppo import PPOConfig
-    from cloud._switching import SwitchingConfig
-    from cloud._train import train
+    from cloud.learners._ppo_config import PPOConfig
+    from cloud.runs._train import train
+    from cloud.switching._modes import SwitchingConfig
 
     total, target = _budget(env_id, quick)
     config = PPOConfig(num_envs=8, num_steps=32, env_mode=mode)
@@ -175,9 +175,9 @@ def _bench_unit(spec: Any) -> Any:
 
 
 def hybrid_spec(env_id: str, *, seed: int, quick: bool, work: Path, name: str) -> Any:
-    from cloud._ppo import PPOConfig
-    from cloud._switching import SwitchingConfig
     from cloud.hybrid import HybridConfig, UnitSpec
+    from cloud.learners._ppo_config import PPOConfig
+    from cloud.switching._modes import SwitchingConfig
 
     total, target = _budget(env_id, quick)
     return UnitSpec(env_id=env_id, total_steps=total, run_dir=work / f"{name}-{seed}", seed=seed,
@@ -215,7 +215,7 @@ def run_two_nodes(*, seed: int, quick: bool, work: Path) -> dict[str, Any]:
     """The CartPole hybrid run as two torchrun "hosts": ``torchrun --nnodes 2 --nproc-per-node 1`` twice."""
     import socket
 
-    from cloud._metrics import read_metrics
+    from cloud.runs._metrics import read_metrics
 
     total, target = _budget("CartPole-v1", quick)
     run = work / f"two-nodes-{seed}"

@@ -32,8 +32,8 @@ ENV_ID = "CartPole-v1"
 
 
 def run_strata(seed: int, budget: int) -> dict[str, Any]:
-    from cloud._ppo import PPOConfig
-    from cloud._train import train
+    from cloud.learners._ppo_config import PPOConfig
+    from cloud.runs._train import train
 
     with tempfile.TemporaryDirectory() as run_dir:
         started, cpu_started = time.perf_counter(), time.process_time()

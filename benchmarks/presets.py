@@ -132,12 +132,12 @@ def result(window: Window, steps: int, started: float, cpu_started: float, *, la
 
 def run_strata(algo: str, env_id: str, seed: int, budget: int, target: float | None,
                progress: Progress, overrides: dict[str, Any]) -> dict[str, Any]:
-    from cloud._presets import find_preset
+    from cloud.runs._presets import find_preset
 
     preset = find_preset(algo, env_id)
     assert preset is not None, f"no {algo} preset for {env_id}"
-    from cloud._sac import SACTrainer
-    from cloud._train import train
+    from cloud.learners._sac import SACTrainer
+    from cloud.runs._train import train
 
     started, cpu_started = time.perf_counter(), time.process_time()
     if algo == "ppo":
@@ -247,7 +247,7 @@ def main() -> None:
     import torch
     import torch._dynamo
 
-    from cloud._presets import find_preset
+    from cloud.runs._presets import find_preset
 
     # torch's first optimizer imports torch._dynamo (~1.6 s of CPU here), imported above so that neither learner's
     # clock holds it: strata runs first and would otherwise pay it alone, on its first seed.

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cloud._replay import ReplayConfig, ReplayTable, Signature, item_nbytes
+from cloud.replay._tables import ReplayConfig, ReplayTable, Signature, item_nbytes
 
 ALPHA, BETA, BATCH = 0.6, 0.4, 256
 SIGNATURES: dict[str, Signature] = {

@@ -1,6 +1,6 @@
 """SAC on Pendulum-v1: the exported ONNX policy's mean return over 20 episodes, for 3 seeds, vs a random policy.
 
-Each seed trains `cloud._sac.train_sac` with the default `SACConfig` (2x128 networks, prioritized
+Each seed trains `cloud.learners._sac.train_sac` with the default `SACConfig` (2x128 networks, prioritized
 replay in shared memory) for ``--steps`` env steps, exports the deterministic policy and evaluates
 the ONNX graph in onnxruntime on 20 fresh episodes. The goal: every seed >= -200 within 30k steps.
 The baseline, measured in the same run on the same evaluation seeds, is a uniformly random policy.
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cloud._sac import SACConfig, train_sac
+from cloud.learners._sac import SACConfig
+from cloud.runs._sac_run import train_sac
 
 GOAL = -200.0
 

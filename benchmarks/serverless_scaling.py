@@ -7,7 +7,7 @@ Measured in one run against its baselines:
    handler in-process; overhead = p50(invoke) - p50(in-process). Goal: <= 2 ms p50.
 2. cold vs warm: the first invocation of a fresh function (worker start, awslambdaric, imports)
    against warm ones, for the ping and the rollout handler.
-3. rollout throughput of `cloud._serverless.ServerlessRolloutSource` at concurrency 1, 2, 4, 8 (CartPole,
+3. rollout throughput of `cloud.rollout._serverless.ServerlessRolloutSource` at concurrency 1, 2, 4, 8 (CartPole,
    random policy) against the handler in-process on one core; scaling efficiency = throughput(c) /
    (c * throughput(1)). Goal: >= 0.8 at concurrency = cores.
 4. the cost of carrying episodes across invocations (`functions._envstate`): bytes of carries per
@@ -31,7 +31,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from cloud._serverless import ServerlessConfig, ServerlessRolloutSource, local_scaling
+from cloud.rollout._serverless import ServerlessConfig, ServerlessRolloutSource, local_scaling
 from functions._handlers import ping_handler, rollout_handler
 from functions._lambda_api import FunctionSpec
 from functions._runtime import LocalRuntime, RuntimeConfig, SourceTreeFunctions

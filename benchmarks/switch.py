@@ -29,11 +29,11 @@ from typing import Any
 
 
 def run_variant(*, warm: bool, switches: int, every_updates: int, work: Path) -> dict[str, Any]:
-    from cloud._control import ControlClient, ControlError
-    from cloud._metrics import read_metrics
-    from cloud._ppo import PPOConfig
-    from cloud._switching import SwitchingConfig
-    from cloud._train import train
+    from cloud.learners._ppo_config import PPOConfig
+    from cloud.runs._metrics import read_metrics
+    from cloud.runs._train import train
+    from cloud.switching._control import ControlClient, ControlError
+    from cloud.switching._modes import SwitchingConfig
 
     run_dir = work / ("warm" if warm else "cold")
     config = PPOConfig(num_envs=8, num_steps=32)

@@ -2,7 +2,7 @@
 
 Setup, all in one run on loopback: a real Mosquitto; an edge policy (the teacher: a 4-64-2 tanh network, by
 default a balancing controller spread over 64 units, or ``--teacher FILE`` for an exported bundle); a micro
-policy distilled from it (`cloud._distill.distill`, one hidden layer of 16); an `edge.EdgeGateway` answering
+policy distilled from it (`cloud.learners._distill.distill`, one hidden layer of 16); an `edge.EdgeGateway` answering
 escalations with the teacher in onnxruntime and relaying the micro bundle; a `device.DeviceRuntime` on the
 paho link that receives the micro bundle through the gateway. Then, over the same seeded episodes:
 
@@ -11,7 +11,7 @@ paho link that receives the micro bundle through the gateway. Then, over the sam
 - tiered: escalate when the micro policy's probability margin is under each threshold of a sweep.
 
 Pendulum-v1 (continuous actions) runs the same modes with a SAC teacher trained in this run
-(`cloud._sac.train_sac`, 15,000 env steps; ``--quick``: 2,500 steps, a much weaker teacher, a smoke run; or
+(`cloud.learners._sac.train_sac`, 15,000 env steps; ``--quick``: 2,500 steps, a much weaker teacher, a smoke run; or
 ``--pendulum-teacher FILE`` for an exported bundle) and 1x16 micro policies distilled from it. A Box micro policy has
 no logits: its confidence is `device.StateRegion`'s, ``min(1, radius / Mahalanobis distance)`` of the observation
 from the states it was distilled on, and the tiered sweep is over that threshold.
@@ -208,14 +208,16 @@ def figures_of(rows: dict[str, dict[str, Any]], results: dict[str, Any]) -> dict
 
 def run_pendulum(args: argparse.Namespace, tmp: Path, key: Any, trust: Any, url: str, n_eps: int) -> dict[str, Any]:
     """Pendulum-v1: a SAC teacher (trained here unless given), a distilled 1x16 micro policy, the modes."""
-    from cloud._distill import DistillConfig, distill
+    from cloud.learners._distill import DistillConfig
+    from cloud.runs._export import distill
     from device import Bundle
 
     t0 = time.perf_counter()
     if args.pendulum_teacher is not None:
         teacher, teacher_steps = Bundle.from_bytes(args.pendulum_teacher.read_bytes()), None
     else:
-        from cloud._sac import SACConfig, train_sac
+        from cloud.learners._sac import SACConfig
+        from cloud.runs._sac_run import train_sac
 
         teacher_steps = 2_500 if args.quick else 15_000
         sac = train_sac(SACConfig(replay="local", eval_episodes=3 if args.quick else 10), env_id="Pendulum-v1",
@@ -313,7 +315,8 @@ def main() -> None:
 
     import torch
 
-    from cloud._distill import DistillConfig, distill
+    from cloud.learners._distill import DistillConfig
+    from cloud.runs._export import distill
     from device import Bundle, TrustStore, build_bundle, generate_keypair, load_public_key, load_signing_key
 
     torch.set_num_threads(1)

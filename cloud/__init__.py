@@ -1,19 +1,41 @@
-"""strata's cloud tier: learners, parameter server, exporter, rollout sources, switcher and the CLI."""
+"""strata's cloud tier: learners, parameter server, exporter, rollout sources, switcher and the CLI.
 
-from cloud._colocated import ColocatedConfig, PoolCounters, SharedMemoryVectorEnv
-from cloud._control import ControlClient, ControlError, SwitchRefused, list_runs
-from cloud._decoupled import DecoupledError, FragmentSource, StalenessGate, make_decoupled_vector_env, start_services
-from cloud._distill import DistillConfig, DistillError, DistillResult, distill
-from cloud._envs import make_vector_env
-from cloud._export import ExportError, export_run
-from cloud._paramserver import ParameterServer, ParamServerConfig, ParamServerError
-from cloud._ppo import PPOConfig
-from cloud._replay import Replay, ReplayConfig, ReplayError, ReplayTable, make_replay, start_replay_server
-from cloud._sac import SACConfig, SACResult, SACTrainer, train_sac
-from cloud._serverless import ServerlessConfig, ServerlessError, ServerlessRolloutSource, make_serverless_source
-from cloud._switcher import RolloutSource, Switcher, SwitchError, SwitchEvent, SwitchRules
-from cloud._switching import SwitchingConfig
-from cloud._train import TrainResult, train
+Concerns are subpackages, in a one-way order (a later one may import an earlier one, never the reverse;
+`tests/test_layering.py` checks it): `rollout`, `replay`, `params` -> `learners` -> `switching` -> `runs` ->
+`hybrid` -> the demo and the CLI. This module is the tier's public surface.
+"""
+
+from cloud.learners import DistillConfig, DistillError, DistillResult, ExportError, PPOConfig, SACConfig, SACTrainer
+from cloud.params import ParameterServer, ParamServerConfig, ParamServerError
+from cloud.replay import Replay, ReplayConfig, ReplayError, ReplayTable, make_replay, start_replay_server
+from cloud.rollout import (
+    ColocatedConfig,
+    DecoupledError,
+    FragmentSource,
+    PoolCounters,
+    RolloutSource,
+    ServerlessConfig,
+    ServerlessError,
+    ServerlessRolloutSource,
+    SharedMemoryVectorEnv,
+    StalenessGate,
+    make_decoupled_vector_env,
+    make_serverless_source,
+    make_vector_env,
+    start_services,
+)
+from cloud.runs import SACResult, TrainResult, distill, export_run, train, train_sac
+from cloud.switching import (
+    ControlClient,
+    ControlError,
+    Switcher,
+    SwitchError,
+    SwitchEvent,
+    SwitchingConfig,
+    SwitchRefused,
+    SwitchRules,
+    list_runs,
+)
 
 __all__ = [
     "ColocatedConfig",

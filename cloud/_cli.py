@@ -14,12 +14,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     import dataclasses
 
     from cloud._demo import DemoConfig
-    from cloud._ppo import PPOConfig
-    from cloud._sac import SACConfig
-    from cloud._stop import ROLLING_EVERY_S
-    from cloud._switcher import SwitchRules
-    from cloud._switching import SwitchingConfig
     from cloud.hybrid import HybridConfig
+    from cloud.learners._ppo_config import PPOConfig
+    from cloud.learners._sac import SACConfig
+    from cloud.runs._stop import ROLLING_EVERY_S
+    from cloud.switching._modes import SwitchingConfig
+    from cloud.switching._switcher import SwitchRules
     from device import add_config_arguments, finite_float, seconds
 
     demo = sub.add_parser(
@@ -144,16 +144,16 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-
-    from cloud._checkpoint import latest_checkpoint
-    from cloud._metrics import METRICS_FILE
-    from cloud._ppo import PPOConfig
-    from cloud._presets import apply_preset
-    from cloud._stop import StopSignal
-    from cloud._switcher import SwitchRules
-    from cloud._switching import SwitchingConfig
-    from cloud._train import train
     from cloud.hybrid._cli import refuse_hybrid_flags, train_hybrid_from_args
+    from cloud.learners._ppo_config import PPOConfig
+    from cloud.runs._checkpoint import resumed_config
+    from cloud.runs._metrics import METRICS_FILE
+    from cloud.runs._presets import apply_preset
+    from cloud.runs._run import resume_command
+    from cloud.runs._stop import StopSignal
+    from cloud.runs._train import train
+    from cloud.switching._modes import SwitchingConfig
+    from cloud.switching._switcher import SwitchRules
     from device import config_from_args
 
     _refuse_flags_of_the_other_algo(args)  # what was typed, before a preset fills in its values
@@ -165,14 +165,14 @@ def _train(args: argparse.Namespace) -> int:
     refuse_hybrid_flags(args)
     if args.algo == "sac":
         return _train_sac(args)
-    config = PPOConfig.from_flags(args, resume_from=latest_checkpoint(args.run_dir) if args.resume else None)
+    config = PPOConfig.from_flags(args, base=resumed_config(PPOConfig, args.run_dir) if args.resume else None)
     try:
         result = train(env_id=args.env, total_steps=args.total_steps, run_dir=args.run_dir, seed=args.seed,
                        config=config, resume=args.resume, target_return=args.target_return,
                        confirm_episodes=args.confirm_episodes, checkpoint_every=args.checkpoint_every,
                        rolling_checkpoint_s=args.rolling_checkpoint_s,
                        switching=config_from_args(SwitchingConfig, args), rules=config_from_args(SwitchRules, args),
-                       resume_command=_resume_command(args))
+                       resume_command=resume_command(args))
     except StopSignal as stop:
         return stop.exit_status  # the stop line said where the checkpoint is
     solved = ("" if result.solved_at_step is None
@@ -190,25 +190,14 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resume_command(args: argparse.Namespace) -> str:
-    """The command line that continues this run: the one given, with ``--resume``."""
-    import shlex
-
-    argv = list(getattr(args, "argv", None) or ["train", "--env", args.env, "--run-dir", str(args.run_dir),
-                                                 "--total-steps", str(args.total_steps)])
-    if "--resume" not in argv:
-        argv.append("--resume")
-    return shlex.join(["strata", *argv])
-
-
 def _refuse_flags_of_the_other_algo(args: argparse.Namespace) -> None:
     """A flag the chosen learner does not use is an error, never silently ignored."""
     import dataclasses
 
-    from cloud._ppo import PPOConfig
-    from cloud._sac import SACConfig
-    from cloud._switcher import SwitchRules
-    from cloud._switching import SwitchingConfig
+    from cloud.learners._ppo_config import PPOConfig
+    from cloud.learners._sac import SACConfig
+    from cloud.switching._modes import SwitchingConfig
+    from cloud.switching._switcher import SwitchRules
     from device import ConfigError
 
     ppo = {f.name for f in dataclasses.fields(PPOConfig)}
@@ -230,9 +219,11 @@ def _refuse_flags_of_the_other_algo(args: argparse.Namespace) -> None:
 def _train_sac(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from cloud._checkpoint import latest_checkpoint, load_checkpoint
-    from cloud._sac import SACConfig, train_sac
-    from cloud._stop import StopSignal
+    from cloud.learners._sac import SACConfig
+    from cloud.runs._checkpoint import latest_checkpoint, load_checkpoint
+    from cloud.runs._run import resume_command
+    from cloud.runs._sac_run import train_sac
+    from cloud.runs._stop import StopSignal
     from device import config_from_args
 
     config = config_from_args(SACConfig, args)
@@ -247,7 +238,7 @@ def _train_sac(args: argparse.Namespace) -> int:
         result = train_sac(config, env_id=args.env, run_dir=args.run_dir, seed=args.seed,
                            total_steps=args.total_steps, resume=args.resume, checkpoint_every=args.checkpoint_every,
                            rolling_checkpoint_s=args.rolling_checkpoint_s,
-                           control=args.control is not False, resume_command=_resume_command(args))
+                           control=args.control is not False, resume_command=resume_command(args))
     except StopSignal as stop:
         return stop.exit_status
     print(f"strata train: {args.env}: SAC, {result.global_step:,} env steps, exported policy's mean evaluation "
@@ -257,7 +248,7 @@ def _train_sac(args: argparse.Namespace) -> int:
 
 
 def _switch(args: argparse.Namespace) -> int:
-    from cloud._control import ControlClient
+    from cloud.switching._control import ControlClient
 
     result = ControlClient.for_run(args.run).switch(args.to, timeout=args.timeout)
     print(f"strata switch: {result['from_mode']} -> {result['to_mode']} at step {result['at_step']:,} "
@@ -268,7 +259,7 @@ def _switch(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     import json
 
-    from cloud._control import ControlClient
+    from cloud.switching._control import ControlClient
 
     status = ControlClient.for_run(args.run).status()
     if args.json:
@@ -293,7 +284,7 @@ def _status(args: argparse.Namespace) -> int:
 def _runs(args: argparse.Namespace) -> int:
     import json
 
-    from cloud._control import list_runs
+    from cloud.switching._control import list_runs
 
     runs = list_runs(args.root)
     if args.json:
@@ -313,8 +304,8 @@ def _runs(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from cloud._checkpoint import latest_checkpoint
-    from cloud._export import export_run, write_bundle
+    from cloud.runs._checkpoint import latest_checkpoint
+    from cloud.runs._export import export_run, write_bundle
     from device import ConfigError, generate_keypair, load_signing_key
 
     if latest_checkpoint(args.run) is None:  # before any key is generated into a dir that is not a run
@@ -331,7 +322,7 @@ def _export(args: argparse.Namespace) -> int:
         else:
             print(f"strata export: signing with the run's key {key_path}")
     if args.tier == "device":
-        from cloud._distill import export_micro
+        from cloud.runs._export import export_micro
 
         return export_micro(args, load_signing_key(key_path))
     result = export_run(args.run, signing_key=load_signing_key(key_path), version=args.version, policy=args.policy,

@@ -74,12 +74,12 @@ def run_demo(config: DemoConfig) -> int:
     """Run the demo; return an exit status."""
     require("gymnasium", extra="cloud", purpose="the demo's simulators")
     require("torch", extra="cloud", purpose="the demo's learner")
-    from cloud._distill import DistillConfig, distill
-    from cloud._export import export_run, write_bundle
-    from cloud._ppo import PPOConfig
-    from cloud._switcher import SwitchRules
-    from cloud._switching import SwitchingConfig
-    from cloud._train import train
+    from cloud.learners._distill import DistillConfig
+    from cloud.learners._ppo_config import PPOConfig
+    from cloud.runs._export import distill, export_run, write_bundle
+    from cloud.runs._train import train
+    from cloud.switching._modes import SwitchingConfig
+    from cloud.switching._switcher import SwitchRules
     from device import TrustStore, Verifier, generate_keypair, load_public_key, load_signing_key
 
     out = Path(config.out)
@@ -158,7 +158,7 @@ def run_demo(config: DemoConfig) -> int:
 def _evaluate(bundle: Any, *, seed: int) -> list[float]:
     import gymnasium as gym
 
-    from cloud._envs import episode_returns
+    from cloud.rollout._envs import episode_returns
     from device import NumpyExecutor
 
     executor = NumpyExecutor.from_bundle(bundle)
@@ -243,8 +243,8 @@ def _learning_curve(path: Path, points: list[tuple[int, float]], switches: list[
 
 def _throughput_by_mode(path: Path, run_dir: Path) -> dict[str, float]:
     """Plot env steps/s of every update, coloured by the mode that fed it; return the median per mode."""
-    from cloud._control import SWITCHES_FILE
-    from cloud._metrics import read_metrics
+    from cloud.runs._metrics import read_metrics
+    from cloud.switching._control import SWITCHES_FILE
 
     # Update records only (a confirmation evaluation logs an extra record at the same step).
     records = [r for r in read_metrics(run_dir) if "perf/env_steps_per_s" in r]

@@ -2,7 +2,7 @@
 
     StrataError (device)
      └── CloudError                      anything the cloud tier raises on purpose
-          └── ColocatedError              the shared-memory env worker pool (cloud/_colocated.py)
+          └── ColocatedError              the shared-memory env worker pool (cloud/rollout/_colocated.py)
                ├── PoolStateError          a call out of order (step_wait without step_async, use after close)
                ├── UnsupportedSpaceError   (kept for callers; the pool now carries every space gymnasium can batch)
                ├── EnvWorkerError          an env raised inside a worker (carries env_index and the traceback)
@@ -11,7 +11,7 @@
                └── InfoEncodingError       an env info value that cannot cross the pool's pickle-free info channel
           └── HybridError                 hybrid units disagree or lost each other (cloud/hybrid/)
 
-The pool is a drop-in for gymnasium's AsyncVectorEnv, so `cloud._pool_errors` (loaded with the pool, as it
+The pool is a drop-in for gymnasium's AsyncVectorEnv, so `cloud.rollout._pool_errors` (loaded with the pool, as it
 imports gymnasium) adds subclasses that are also gymnasium's error types: `PoolClosedError`
 (ClosedEnvironmentError), `NoPendingCallError` (NoAsyncCallError), `PendingCallError` (AlreadyPendingCallError),
 each a `PoolStateError`; and an env's exception is re-raised as an `EnvWorkerError` that is also an instance of
@@ -77,7 +77,7 @@ class WorkerTimeoutError(WorkerFailedError, multiprocessing.TimeoutError):
 
 
 class InfoEncodingError(ColocatedError, TypeError):
-    """An env returned an info value that cannot cross the pool's info channel (`cloud._infocodec`)."""
+    """An env returned an info value that cannot cross the pool's info channel (`cloud.rollout._infocodec`)."""
 
 
 class HybridError(CloudError):

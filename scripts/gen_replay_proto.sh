@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Regenerate cloud/_replay_proto/ from cloud/proto/strata_replay.proto with the grpcio-tools of .venv.
+# Regenerate cloud/replay/_proto/ from cloud/replay/proto/strata_replay.proto with the grpcio-tools of .venv.
 # The output is checked in; tests/cloud/test_replay_grpc.py asserts this script reproduces it.
-# Usage: scripts/gen_replay_proto.sh [OUT_DIR]   (default: cloud/_replay_proto)
+# Usage: scripts/gen_replay_proto.sh [OUT_DIR]   (default: cloud/replay/_proto)
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-out="${1:-$repo/cloud/_replay_proto}"
+out="${1:-$repo/cloud/replay/_proto}"
 python="${PYTHON:-$repo/.venv/bin/python}"
 mkdir -p "$out"
-cd "$repo/cloud/proto"
+cd "$repo/cloud/replay/proto"
 "$python" -m grpc_tools.protoc -I. --python_out="$out" --pyi_out="$out" --grpc_python_out="$out" \
     strata_replay.proto
 # protoc writes `import strata_replay_pb2` (a top-level module); make it relative for the subpackage.

@@ -38,7 +38,7 @@ def pytest_configure(config: Any) -> None:
     import gymnasium.vector
     import gymnasium.vector.async_vector_env
 
-    from cloud._shm_pool import SharedMemoryVectorEnv
+    from cloud.rollout._shm_pool import SharedMemoryVectorEnv
 
     gymnasium.vector.AsyncVectorEnv = SharedMemoryVectorEnv
     gymnasium.vector.async_vector_env.AsyncVectorEnv = SharedMemoryVectorEnv  # type: ignore[misc]

@@ -17,7 +17,8 @@ def loaded_after(statement: str) -> set[str]:
     return set(json.loads(out)) & set(HEAVY)
 
 
-@pytest.mark.parametrize("tier", ["device", "edge", "functions", "infra", "cloud", "cloud.cli"])
+@pytest.mark.parametrize("tier", ["device", "edge", "functions", "infra", "cloud", "cloud.cli", "cloud.rollout",
+                                  "cloud.replay", "cloud.params", "cloud.learners", "cloud.switching", "cloud.runs"])
 def test_importing_a_tier_loads_no_heavy_library(tier: str) -> None:
     assert loaded_after(f"import {tier}") == set()
 

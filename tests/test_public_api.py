@@ -12,7 +12,8 @@ import pytest
 PLUMBING = {"annotations", "TYPE_CHECKING", "Any"}
 
 
-@pytest.mark.parametrize("tier", ["device", "edge", "functions", "infra", "cloud"])
+@pytest.mark.parametrize("tier", ["device", "edge", "functions", "infra", "cloud", "cloud.rollout", "cloud.replay",
+                                  "cloud.params", "cloud.learners", "cloud.switching", "cloud.runs", "cloud.hybrid"])
 def test_all_is_sorted_and_complete(tier: str) -> None:
     module = importlib.import_module(tier)
     exported = list(module.__all__)

@@ -21,7 +21,7 @@ state machine; the arrows that cross units are collectives, which every unit ent
     DECIDE ────── rank 0 BROADCASTs its decision: go on, stop (solved, budget, signal), or switch every unit's
         │         rollout mode to M (a `strata switch` it received), carried out by all at this boundary
         v
-    CHECKPOINT ── rank 0 commits version v+1 (`cloud._stop.Checkpointer`: kept every `checkpoint_every`
+    CHECKPOINT ── rank 0 commits version v+1 (`cloud.runs._stop.Checkpointer`: kept every `checkpoint_every`
         │         updates, else the rolling checkpoint), publishes it to its parameter server, logs metrics
         │         and serves status ──> COLLECT, or
         v

@@ -25,13 +25,14 @@ def refuse_hybrid_flags(args: argparse.Namespace) -> None:
 
 def train_hybrid_from_args(args: argparse.Namespace) -> int:
     """Run ``strata train --modes hybrid [UNIT_MODES...]``; print rank 0's summary."""
-    from cloud._checkpoint import latest_checkpoint
-    from cloud._metrics import METRICS_FILE
-    from cloud._ppo import PPOConfig
-    from cloud._switcher import SwitchRules
-    from cloud._switching import SwitchingConfig
     from cloud.hybrid._config import HybridConfig, UnitSpec
     from cloud.hybrid._launch import train_hybrid
+    from cloud.learners._ppo_config import PPOConfig
+    from cloud.runs._checkpoint import resumed_config
+    from cloud.runs._metrics import METRICS_FILE
+    from cloud.runs._run import resume_command
+    from cloud.switching._modes import SwitchingConfig
+    from cloud.switching._switcher import SwitchRules
     from device import config_from_args
 
     if args.algo != "ppo":
@@ -40,7 +41,7 @@ def train_hybrid_from_args(args: argparse.Namespace) -> int:
     if rules:
         raise ConfigError(f"train --modes hybrid: automatic switching rules ({', '.join(rules)}) are not supported "
                           "for hybrid units; switch them with `strata switch RUN --to MODE`")
-    config = PPOConfig.from_flags(args, resume_from=latest_checkpoint(args.run_dir) if args.resume else None)
+    config = PPOConfig.from_flags(args, base=resumed_config(PPOConfig, args.run_dir) if args.resume else None)
     unit_modes = tuple(args.modes[1:])
     if "hybrid" in unit_modes:
         raise ConfigError("train: --modes names hybrid twice; list it once, first")
@@ -48,7 +49,8 @@ def train_hybrid_from_args(args: argparse.Namespace) -> int:
     spec = UnitSpec(env_id=args.env, total_steps=args.total_steps, run_dir=args.run_dir, seed=args.seed,
                     config=config, switching=switching, hybrid=config_from_args(HybridConfig, args),
                     resume=args.resume, target_return=args.target_return, confirm_episodes=args.confirm_episodes,
-                    checkpoint_every=args.checkpoint_every, rolling_checkpoint_s=args.rolling_checkpoint_s)
+                    checkpoint_every=args.checkpoint_every, rolling_checkpoint_s=args.rolling_checkpoint_s,
+                    resume_command=resume_command(args))
     result = train_hybrid(spec)
     if int(os.environ.get("RANK", "0")) != 0:
         return 0

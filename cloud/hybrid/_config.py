@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cloud._stop import ROLLING_EVERY_S
+from cloud.runs._stop import ROLLING_EVERY_S
 from device import ConfigError
 
 if TYPE_CHECKING:
-    from cloud._ppo import PPOConfig
-    from cloud._switching import SwitchingConfig
+    from cloud.learners._ppo_config import PPOConfig
+    from cloud.switching._modes import SwitchingConfig
 
 HYBRID_MODE = "hybrid"
 """The ``--modes`` word that selects hybrid units; the modes after it are what each unit's rollouts use."""
@@ -86,8 +86,10 @@ class UnitSpec:
     confirm_episodes: int = 0
     checkpoint_every: int = 100
     rolling_checkpoint_s: float = ROLLING_EVERY_S
-    """Seconds between rank 0's rolling checkpoints (`cloud._stop.Checkpointer`; 0: every update)."""
+    """Seconds between rank 0's rolling checkpoints (`cloud.runs._stop.Checkpointer`; 0: every update)."""
     progress: bool | None = None
+    resume_command: str | None = None
+    """The command rank 0's stop line tells the user to run (default: the basic ``strata train ... --resume``)."""
 
     def __post_init__(self) -> None:
         if self.total_steps < 1:

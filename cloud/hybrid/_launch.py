@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import signal
 import uuid
+from pathlib import Path
 from typing import Any
 
 from cloud._errors import HybridError
 from cloud.hybrid._config import DEFAULT_UNITS, UnitSpec, under_torchrun
 from cloud.hybrid._unit import HybridResult, run_unit
+from cloud.runs._run import RunSpec, open_run
 from device import ConfigError
 
 UNIT_MODES = ("colocated", "sync", "decoupled")
@@ -20,8 +22,7 @@ UNIT_MODES = ("colocated", "sync", "decoupled")
 
 def check_spec(spec: UnitSpec) -> None:
     """Refuse, with one line naming the fix, what every unit would refuse: do it once, before starting them."""
-    from cloud._checkpoint import latest_checkpoint
-    from cloud._envs import probe_spaces
+    from cloud.rollout._envs import probe_spaces
 
     modes = spec.switching.modes or ("colocated",)
     unknown = [m for m in modes if m not in UNIT_MODES]
@@ -36,14 +37,9 @@ def check_spec(spec: UnitSpec) -> None:
     if under_torchrun() and spec.hybrid.max_restarts:
         raise ConfigError(f"train --modes hybrid: --max-restarts {spec.hybrid.max_restarts} applies when strata starts "
                           "the units; under torchrun pass torchrun's own --max-restarts")
-    if not under_torchrun():
-        has_checkpoint = latest_checkpoint(spec.run_dir) is not None
-        if spec.resume and not has_checkpoint:
-            raise ConfigError(f"train: --resume given but run dir {str(spec.run_dir)!r} has no checkpoint; "
-                              "drop --resume to start a new run")
-        if has_checkpoint and not spec.resume:
-            raise ConfigError(f"train: run dir {str(spec.run_dir)!r} already has checkpoints; pass --resume to "
-                              "continue that run or choose another --run-dir")
+    if not under_torchrun():  # the units check again (a torchrun restart resumes); here it fails before any starts
+        open_run(RunSpec(algo="ppo", env_id=spec.env_id, run_dir=Path(spec.run_dir), total_steps=spec.total_steps,
+                         resume=spec.resume), trim=False)
 
 
 def train_hybrid(spec: UnitSpec) -> HybridResult:

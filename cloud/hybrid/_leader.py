@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from cloud._control import SwitchRefused
-from cloud._switcher import Switcher, SwitchEvent
+from cloud.switching._control import SwitchRefused
+from cloud.switching._switcher import Switcher, SwitchEvent
 from device import write_atomic
 
 PARAM_SERVER_FILE = "paramserver.json"
@@ -25,7 +25,7 @@ PARAM_SERVER_FILE = "paramserver.json"
 class SwitchGate:
     """What the control endpoint sees as the switcher on rank 0: requests wait here for the next boundary.
 
-    It answers the questions `cloud._switching.JobControl` asks a `Switcher` (mode, modes, active, history),
+    It answers the questions `cloud.switching._modes.JobControl` asks a `Switcher` (mode, modes, active, history),
     from rank 0's own switcher, and refuses the same requests a switcher refuses.
     """
 
@@ -90,8 +90,8 @@ class Leader:
 
     def __init__(self, *, switcher: Switcher, env_id: str, run_dir: Path, policy: str, control: bool,
                  param_host: str, param_port: int) -> None:
-        from cloud._paramserver import ParameterServer, ParamServerConfig
-        from cloud._switching import JobControl
+        from cloud.params._server import ParameterServer, ParamServerConfig
+        from cloud.switching._modes import JobControl
 
         self.run_dir = Path(run_dir)
         self.policy = policy

@@ -1,16 +1,15 @@
 """One hybrid unit: a PPO learner replica and its own rollout sources, in step with the other units.
 
-The loop is `cloud._train.train`'s, with three collectives added (see the state machine in `cloud.hybrid`):
-the gradient all-reduce inside every minibatch step (`cloud._ppo.ppo_update`'s ``reduce_gradients``), one
+The loop is `cloud.runs._train.train`'s, with three collectives added (see the state machine in `cloud.hybrid`):
+the gradient all-reduce inside every minibatch step (`cloud.learners._ppo.ppo_update`'s ``reduce_gradients``), one
 all-gather of each unit's update summary (steps, episodes, normaliser moments, figures for status), and one
 broadcast of rank 0's decision (stop, switch).
 """
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import dataclasses
-import json
 import os
 import resource
 import signal
@@ -19,23 +18,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cloud._checkpoint import latest_checkpoint
-from cloud._control import SWITCHES_FILE
 from cloud._errors import HybridError
-from cloud._stop import Checkpointer, resume_state
-from cloud._switcher import SwitchEvent
 from cloud.hybrid._config import UnitSpec
-from device import ConfigError, require, space_to_json
+from cloud.learners._ppo import PPOLearner
+from cloud.rollout._collector import Episode
+from cloud.rollout._envs import probe_spaces
+from cloud.runs._checkpoint import latest_checkpoint
+from cloud.runs._progress import Progress
+from cloud.runs._run import RunSession, RunSpec, open_run
+from cloud.runs._train import TargetCheck, evaluate_greedy, window_mean
+from cloud.switching._switcher import Switcher, SwitchEvent
+from device import ConfigError, RolloutBatch, require, space_to_json
 
-RETURN_WINDOW = 20
-"""Episodes in the moving mean that decides "solved" (as in `cloud._train`), over all units' episodes."""
-
-CONFIRM_EVERY = 5
-"""Updates between two confirmation evaluations of the deterministic policy (as in `cloud._train`)."""
+if TYPE_CHECKING:
+    from cloud.hybrid._leader import Leader
 
 STOP_NONE, STOP_SOLVED, STOP_SIGNAL = 0, 1, 2
 
@@ -137,294 +137,338 @@ def _print(line: str) -> None:
     print(line, flush=True)
 
 
-def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def _resume_state(spec: UnitSpec) -> dict[str, Any] | None:
+def _resume_state(spec: UnitSpec, run: RunSpec) -> dict[str, Any] | None:
     """The checkpoint this unit starts from: with ``--resume``, or after torchrun restarted the group."""
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    path = latest_checkpoint(spec.run_dir)
-    if spec.resume and path is None:
-        raise ConfigError(f"train: --resume given but run dir {str(spec.run_dir)!r} has no checkpoint; "
-                          "drop --resume to start a new run")
-    if path is None:
-        return None
-    if not (spec.resume or restarted):
-        raise ConfigError(f"train: run dir {str(spec.run_dir)!r} already has checkpoints; pass --resume to "
-                          "continue that run or choose another --run-dir")
     leader = int(os.environ.get("RANK", "0")) == 0
-    state = resume_state(Path(spec.run_dir), env_id=spec.env_id, algo="ppo", caller="train", trim=leader)
-    if leader:
-        version = int(state["version"])
-        if restarted:
-            print(f"strata train: the unit group was restarted (restart "
-                  f"{os.environ['TORCHELASTIC_RESTART_COUNT']}): every unit resumes from {path} (policy version "
-                  f"{version}, step {int(state['global_step']):,})", flush=True)
+    resuming = spec.resume or (restarted and latest_checkpoint(spec.run_dir) is not None)
+    state = open_run(dataclasses.replace(run, resume=resuming), trim=leader)
+    if state is not None and leader and restarted:
+        print(f"strata train: the unit group was restarted (restart {os.environ['TORCHELASTIC_RESTART_COUNT']}): "
+              f"every unit resumes from {latest_checkpoint(spec.run_dir)} (policy version {int(state['version'])}, "
+              f"step {int(state['global_step']):,})", flush=True)
     return state
 
 
 def run_unit(spec: UnitSpec) -> HybridResult:
-    """Train as one unit of the group torchrun (or `cloud.hybrid.train_hybrid`) started; return what it saw."""
-    torch = require("torch", extra="cloud", purpose="the PPO learner")
-    gym = require("gymnasium", extra="cloud", purpose="training environments")
-    from cloud._agent import build_learner
-    from cloud._envs import probe_spaces
-    from cloud._metrics import MetricsWriter
-    from cloud._ppo import ppo_update
-    from cloud._switcher import SwitchRules
-    from cloud._switching import build_switcher
-    from cloud._train import _Progress, evaluate_greedy
-    from cloud.hybrid._leader import Leader
-    from cloud.hybrid._sync import UnitGroup, state_digest
+    """Train as one unit of the group torchrun (or `cloud.hybrid.train_hybrid`) started; return what it saw.
 
+    The iteration is `cloud.runs._train.train`'s, with the collectives of the state machine in `cloud.hybrid`.
+    """
     rank = int(os.environ.get("RANK", "0"))
     log: Callable[[str], None] = _print if rank == 0 else (lambda line: None)
-    config, run_dir = spec.config, Path(spec.run_dir)
-    state = _resume_state(spec)
-    version = int(state["version"]) if state else 0
-    global_step = int(state["global_step"]) if state else 0
-    seed = spec.seed
-
-    torch.set_num_threads(config.torch_threads)
-    torch.manual_seed(seed + 7919 * version)  # the same on every unit: identical initial weights
-    obs_space, action_space = probe_spaces(spec.env_id)
-    assert isinstance(obs_space, gym.spaces.Box)
-    obs_dim = int(np.prod(obs_space.shape))
-    agent, optimizer, normalizer, reward_scaler, recent = build_learner(obs_space, action_space, config, state)
-    # From here on every unit draws its own actions and minibatches, and steps its own env streams.
-    torch.manual_seed(seed + 7919 * version + 1_000_033 * (rank + 1))
-    generator = np.random.default_rng([seed, version, rank])
-    env_seed = seed + 104729 * version + 7_777_777 * rank
-    spaces = {"observation_space": space_to_json(obs_space), "action_space": space_to_json(action_space)}
-
+    run = RunSpec(algo="ppo", env_id=spec.env_id, run_dir=Path(spec.run_dir), seed=spec.seed,
+                  total_steps=spec.total_steps, resume=spec.resume, checkpoint_every=spec.checkpoint_every,
+                  rolling_checkpoint_s=spec.rolling_checkpoint_s, resume_command=spec.resume_command)
+    state = _resume_state(spec, run)
     stop = _StopFlag().install()
-    switcher = group = leader = metrics = None
-    checkpointer: Checkpointer | None = None
-    last_path: Path | None = None
     try:
-        # The pool forks its workers before the group opens its sockets, so no worker holds a copy of them.
-        switcher = build_switcher(env_id=spec.env_id, config=config, switching=spec.switching, rules=SwitchRules(),
-                                  run_dir=run_dir, seed=env_seed, agent=agent, normalizer=normalizer,
-                                  publisher=None, log=log, first_version=version,
-                                  colocated_workers=spec.hybrid.workers_per_unit)
-        group = UnitGroup(timeout_s=spec.hybrid.collective_timeout_s)
-        if spec.hybrid.units is not None and spec.hybrid.units != group.world:
-            raise ConfigError(f"train --modes hybrid: --units {spec.hybrid.units} but the launcher started "
-                              f"{group.world} units; drop --units under torchrun (its world size decides)")
-        group.broadcast_module(agent)
-        digests = group.gather_digests(state_digest(agent, normalizer))
-        if len(set(digests)) > 1:
-            raise HybridError(f"units start from different policies (digests {digests}); every unit must see the "
-                              f"same run dir {str(run_dir)!r} (shared storage) to resume from its checkpoints")
-        world = group.world
-        modes = switcher.modes
-        summary = _Summary(obs_dim, config.batch_size)
-        num_updates = max(1, spec.total_steps // (world * config.batch_size))
-
-        def snapshot_state() -> dict[str, Any]:
-            return {"algo": "ppo", "env_id": spec.env_id, "seed": seed, "version": version,
-                    "global_step": global_step, "config": config.to_dict(), **spaces,
-                    "agent": {k: v.detach().clone() for k, v in agent.state_dict().items()},
-                    "optimizer": copy.deepcopy(optimizer.state_dict()), "normalizer": normalizer.state_dict(),
-                    "reward_scaler": reward_scaler.state_dict(), "recent_returns": list(recent),
-                    "hybrid": {"units": world}}
-
-        if group.is_leader:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            # Rank 0 commits every completed update: kept every checkpoint_every updates, otherwise the newest is
-            # written in the background as the rolling checkpoint (at most once per rolling_checkpoint_s); a stop
-            # of any kind writes the last commit.
-            checkpointer = Checkpointer(run_dir, keep_every=spec.checkpoint_every, start_version=version,
-                                        rolling_every_s=spec.rolling_checkpoint_s)
-            leader = Leader(switcher=switcher, env_id=spec.env_id, run_dir=run_dir,
-                            policy=spec.env_id.split("-")[0].lower(), control=spec.switching.control,
-                            param_host=spec.hybrid.param_server_host, param_port=spec.hybrid.param_server_port)
-            metrics = MetricsWriter(run_dir)
-            _append_jsonl(run_dir / SWITCHES_FILE, {"from_mode": None, "to_mode": switcher.mode,
-                                                    "reason": f"initial mode of {world} hybrid units",
-                                                    "trigger": "start", "at_step": global_step,
-                                                    "at_version": version, "pause_s": 0.0})
-            log(f"strata train: {world} hybrid units (gloo), {config.num_envs} envs each in mode {switcher.mode}; "
-                f"parameter server {leader.server.address}")
-
-        solved_at_step: int | None = None
-        solved_at_s: float | None = None
-        greedy_return: float | None = None
-        last_confirm = -CONFIRM_EVERY
-        stopped_by: str | None = None
-        unit_steps = [0] * world
-        units: list[dict[str, Any]] = []
-        mean_return = float("nan")
-        timings = {"collect_s": 0.0, "update_s": 0.0, "allreduce_s": 0.0, "updates": 0.0}
-        started, cpu_started = time.perf_counter(), time.process_time()
-        start_step = global_step
-        display = _Progress(spec.total_steps, start_step, enabled=False if rank else
-                            (os.isatty(1) if spec.progress is None else spec.progress), log=log, env_id=spec.env_id)
-        with display:
-            while global_step < spec.total_steps:
-                if config.anneal_lr:
-                    optimizer.param_groups[0]["lr"] = max(0.0, 1.0 - version / num_updates) * config.learning_rate
-                t0 = time.perf_counter()
-                batch, episodes = switcher.collect(policy_version=version, global_step=global_step)
-                t1 = time.perf_counter()
-                update_batch = batch
-                if reward_scaler.enabled:  # every unit folds every unit's return moments, in rank order: one scale
-                    returns = reward_scaler.discounted_returns(
-                        batch.rewards, np.logical_or(batch.terminations, batch.truncations), batch.worker)
-                    for row in group.all_gather(np.array([returns.mean(), returns.var(), returns.size])):
-                        reward_scaler.stats.update_moments(row[0], row[1], row[2])
-                    update_batch = dataclasses.replace(batch, rewards=reward_scaler.scale(batch.rewards))
-                values = ppo_update(agent, optimizer, normalizer, update_batch, config, generator=generator,
-                                    reduce_gradients=lambda: group.average_gradients(agent.parameters()))
-                t2 = time.perf_counter()
-                version += 1
-                allreduce_s = group.take_allreduce_s()
-                timings["collect_s"] += t1 - t0
-                timings["update_s"] += t2 - t1
-                timings["allreduce_s"] += allreduce_s
-                timings["updates"] += 1
-
-                flat_obs = batch.obs.reshape(-1, obs_dim).astype(np.float64)
-                head = {"steps": batch.size, "stop": float(stop.signal is not None),
-                        "workers": switcher.active.workers(), "pid": os.getpid(),
-                        "steps_per_s": (unit_steps[rank] + batch.size) / max(t2 - started, 1e-9),
-                        "local_rank": group.local_rank, "node_rank": group.node_rank, "collect_s": t1 - t0,
-                        "update_s": t2 - t1, "allreduce_s": allreduce_s, "obs_count": flat_obs.shape[0],
-                        "episodes": len(episodes), "mode": modes.index(switcher.mode)}
-                table = group.all_gather(summary.pack(head, flat_obs.mean(axis=0), flat_obs.var(axis=0),
-                                                      [e.episodic_return for e in episodes],
-                                                      [e.episodic_length for e in episodes]))
-                heads = [summary.head(row) for row in table]
-                new_returns: list[float] = []
-                new_lengths: list[float] = []
-                for row, h in zip(table, heads, strict=True):  # rank order: the same result on every unit
-                    normalizer.update_moments(*summary.moments(row), h["obs_count"])
-                    returns, lengths = summary.episodes(row)
-                    new_returns += returns.tolist()
-                    new_lengths += lengths.tolist()
-                for r, h in enumerate(heads):
-                    unit_steps[r] += int(h["steps"])
-                global_step += sum(int(h["steps"]) for h in heads)
-                recent.extend(new_returns)
-                window = list(recent)[-RETURN_WINDOW:]
-                mean_return = float(np.mean(window)) if window else float("nan")
-                if checkpointer is not None:
-                    checkpointer.commit(snapshot_state())
-                elapsed = time.perf_counter() - started
-
-                # --- rank 0 decides; every unit acts on its decision at this boundary ---
-                decision = np.array([STOP_NONE, -1], dtype=np.int64)
-                pending = None
-                if leader is not None:
-                    if any(h["stop"] for h in heads):
-                        decision[0] = STOP_SIGNAL
-                    elif (spec.target_return is not None and len(window) >= RETURN_WINDOW
-                          and mean_return >= spec.target_return):
-                        if spec.confirm_episodes == 0:
-                            decision[0] = STOP_SOLVED
-                        elif version - last_confirm >= CONFIRM_EVERY:
-                            last_confirm = version
-                            greedy_return = evaluate_greedy(agent, normalizer, spec.env_id,
-                                                            episodes=spec.confirm_episodes,
-                                                            seed=seed + 1_000_003 + version)
-                            if greedy_return >= spec.target_return:
-                                decision[0] = STOP_SOLVED
-                    pending = leader.gate.take() if decision[0] == STOP_NONE else None
-                    if pending is not None:
-                        decision[1] = modes.index(pending[0])
-                decision = group.broadcast(decision)
-                if decision[0] == STOP_SIGNAL:
-                    stopped_by = stop.signal or "a signal to another unit"
-                if decision[0] == STOP_SOLVED:
-                    solved_at_step, solved_at_s = global_step, elapsed
-                event = None
-                if decision[1] >= 0:
-                    to = modes[int(decision[1])]
-                    reason = pending[1] if pending is not None else "switch broadcast by rank 0"
-                    switcher.request(to, reason=reason)
-                    event = switcher.at_boundary(step=global_step, version=version, update=version,
-                                                 mean_return=mean_return)
-                    if pending is not None and event is not None:
-                        pending[2].set_result(event)
-
-                units = [_unit_status(r, h, unit_steps[r], modes) for r, h in enumerate(heads)]
-                if event is not None:  # every unit switched here: its status says so from now on
-                    for unit in units:
-                        unit["mode"] = switcher.mode
-                if leader is not None and metrics is not None:
-                    if new_returns:
-                        values["charts/episodic_return"] = float(np.mean(new_returns))
-                        values["charts/episodic_length"] = float(np.mean(new_lengths))
-                    values["charts/mean_return_20"] = mean_return
-                    values["charts/learning_rate"] = float(optimizer.param_groups[0]["lr"])
-                    values["perf/env_steps_per_s"] = (global_step - start_step) / max(elapsed, 1e-9)
-                    values["perf/collect_s"] = max(h["collect_s"] for h in heads)
-                    values["perf/update_s"] = max(h["update_s"] for h in heads)
-                    values["perf/allreduce_s"] = max(h["allreduce_s"] for h in heads)
-                    if greedy_return is not None and last_confirm == version:
-                        values["charts/greedy_return"] = greedy_return
-                    if event is not None:
-                        values["switch/pause_s"] = event.pause_s
-                        _append_jsonl(run_dir / SWITCHES_FILE, event.to_dict())
-                    metrics.log(global_step=global_step, policy_version=version, values=values)
-                    leader.publish(version, agent, normalizer)
-                    display.update(global_step, mean_return, values["perf/env_steps_per_s"], mode=switcher.mode)
-                    leader.update(state="training", step=global_step, policy_version=version,
-                                  mean_return=None if np.isnan(mean_return) else mean_return,
-                                  env_steps_per_s=values["perf/env_steps_per_s"],
-                                  units=units)
-                if decision[0] != STOP_NONE:
-                    break
-
-        if checkpointer is not None:
-            last_path = checkpointer.final()
-        if stopped_by is not None:
-            log(f"strata train: stopped by {stopped_by} at policy version {version}, step {global_step:,}; "
-                f"checkpoint {last_path}; continue with the same command and --resume")
-        final = group.gather_digests(state_digest(agent, normalizer))
-        counts = switcher.accounting.check()
-        produced = switcher.produced()
-        switcher.close()  # its workers exit and are reaped: their CPU is in this process's children's usage
-        timings["cpu_s"] = time.process_time() - cpu_started
-        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-        timings["workers_cpu_s"] = usage.ru_utime + usage.ru_stime
-        per_unit = group.all_gather(np.array([produced, counts["consumed"], counts["duplicates"],
-                                              counts["gaps"]], dtype=np.float64))
-        accounting = {"per_unit": [dict(zip(("produced", "consumed", "duplicates", "gaps"), map(int, row),
-                                            strict=True)) for row in per_unit],
-                      "total": dict(zip(("produced", "consumed", "duplicates", "gaps"),
-                                        map(int, per_unit.sum(axis=0)), strict=True))}
-        window = list(recent)[-RETURN_WINDOW:]
-        return HybridResult(
-            run_dir=run_dir, env_id=spec.env_id, units=world, policy_version=version, global_step=global_step,
-            wall_s=time.perf_counter() - started, checkpoint=last_path,
-            mean_return=float(np.mean(window)) if window else float("nan"), solved_at_step=solved_at_step,
-            solved_at_s=solved_at_s, greedy_return=greedy_return, digests=final,
-            normalizer_count=float(normalizer.count), unit_steps=unit_steps, accounting=accounting,
-            switches=tuple(switcher.history), stopped_by=stopped_by,
-            published=leader.published if leader is not None else 0, timings=timings, unit_status=units)
-    except BaseException as exc:
-        # A peer died, a collective timed out, or this unit failed: rank 0 keeps the last completed update.
-        if checkpointer is not None:
-            path = checkpointer.final() or latest_checkpoint(run_dir)
-            committed = checkpointer.committed
-            step = int(committed["global_step"]) if committed else int(state["global_step"]) if state else 0
-            log(f"strata train: unit failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-                f"; checkpoint {path} (policy version {checkpointer.version}, step {step:,}); "
-                "continue with the same command and --resume")
-        raise
+        # Rank 0 keeps the run's work (commits, metrics, the stop line); the others only train.
+        with contextlib.ExitStack() as stack:
+            session = None
+            if rank == 0:
+                session = stack.enter_context(RunSession(run, start_version=int(state["version"]) if state else 0,
+                                                         log=log, signals=False))
+            unit = Unit(spec, state, rank=rank, stop=stop, session=session, log=log)
+            if session is not None:
+                session.on_close(unit.close)  # after rank 0's stop line, which comes first
+            else:
+                stack.callback(unit.close)
+            with unit.progress() as display:
+                while unit.global_step < spec.total_steps:
+                    batch, episodes = unit.collect()
+                    values = unit.update(batch)
+                    values |= unit.merge(batch, episodes)
+                    decision = unit.decide()
+                    values |= unit.switch(decision)
+                    unit.publish(values, display)
+                    unit.commit()
+                    if decision[0] != STOP_NONE:
+                        break
+            return unit.result()
     finally:
         stop.restore()
-        if checkpointer is not None:
-            checkpointer.close()
-        if metrics is not None:
-            metrics.close()
-        if leader is not None:
-            leader.close()
-        if switcher is not None:
-            switcher.close()
+
+
+class Unit:
+    """One unit's state between updates, and the steps of an iteration.
+
+    The steps are collect, update, merge, decide, switch, publish and commit; building a unit builds its learner,
+    sources and group and, on rank 0, the leader's services.
+    """
+
+    def __init__(self, spec: UnitSpec, state: dict[str, Any] | None, *, rank: int, stop: _StopFlag,
+                 session: RunSession | None, log: Callable[[str], None]) -> None:
+        torch = require("torch", extra="cloud", purpose="the PPO learner")
+        from cloud.hybrid._sync import UnitGroup
+
+        self.spec, self.rank, self.stop, self.session, self.log = spec, rank, stop, session, log
+        self.config = config = spec.config
+        self.version = int(state["version"]) if state else 0
+        self.global_step = int(state["global_step"]) if state else 0
+        self.target = TargetCheck(spec.target_return, spec.confirm_episodes)
+        torch.set_num_threads(config.torch_threads)
+        torch.manual_seed(spec.seed + 7919 * self.version)  # the same on every unit: identical initial weights
+        obs_space, action_space = probe_spaces(spec.env_id)
+        self.obs_dim = int(np.prod(obs_space.shape))
+        self.learner = PPOLearner(obs_space, action_space, config, state)
+        # From here on every unit draws its own actions and minibatches, and steps its own env streams.
+        torch.manual_seed(spec.seed + 7919 * self.version + 1_000_033 * (rank + 1))
+        self.generator = np.random.default_rng([spec.seed, self.version, rank])
+        self.spaces = {"observation_space": space_to_json(obs_space), "action_space": space_to_json(action_space)}
+        self.leader: Leader | None = None
+        self.switcher = self._build_switcher()
+        try:
+            # The pool forks its workers before the group opens its sockets, so no worker holds a copy of them.
+            self.group = UnitGroup(timeout_s=spec.hybrid.collective_timeout_s)
+            self._join()
+            self._setup(session)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, session: RunSession | None) -> None:
+        """The loop's state once the group has joined; rank 0 starts the leader's services."""
+        config = self.config
+        self.modes = self.switcher.modes
+        self.summary = _Summary(self.obs_dim, config.batch_size)
+        self.num_updates = max(1, self.spec.total_steps // (self.group.world * config.batch_size))
+        self.unit_steps = [0] * self.group.world
+        self.units: list[dict[str, Any]] = []
+        self.mean_return = float("nan")
+        self.solved_at_step: int | None = None
+        self.solved_at_s: float | None = None
+        self.stopped_by: str | None = None
+        self.timings = {"collect_s": 0.0, "update_s": 0.0, "allreduce_s": 0.0, "updates": 0.0}
+        self.started, self.cpu_started = time.perf_counter(), time.process_time()
+        self.start_step = self.global_step
+        self._pending: tuple[str, str, Any] | None = None
+        self._event: SwitchEvent | None = None
+        if session is not None:
+            self._lead(session)
+
+    def _build_switcher(self) -> Switcher:
+        from cloud.switching._modes import build_switcher
+        from cloud.switching._switcher import SwitchRules
+
+        spec = self.spec
+        env_seed = spec.seed + 104729 * self.version + 7_777_777 * self.rank
+        return build_switcher(env_id=spec.env_id, config=self.config, switching=spec.switching, rules=SwitchRules(),
+                              run_dir=Path(spec.run_dir), seed=env_seed, agent=self.learner.agent,
+                              normalizer=self.learner.normalizer, publisher=None, log=self.log,
+                              first_version=self.version, colocated_workers=spec.hybrid.workers_per_unit)
+
+    def _join(self) -> None:
+        """Take rank 0's weights and check that every unit now holds the same policy."""
+        from cloud.hybrid._sync import state_digest
+        spec = self.spec
+        if spec.hybrid.units is not None and spec.hybrid.units != self.group.world:
+            raise ConfigError(f"train --modes hybrid: --units {spec.hybrid.units} but the launcher started "
+                              f"{self.group.world} units; drop --units under torchrun (its world size decides)")
+        self.group.broadcast_module(self.learner.agent)
+        digests = self.group.gather_digests(state_digest(self.learner.agent, self.learner.normalizer))
+        if len(set(digests)) > 1:
+            raise HybridError(f"units start from different policies (digests {digests}); every unit must see the "
+                              f"same run dir {str(spec.run_dir)!r} (shared storage) to resume from its checkpoints")
+
+    def _lead(self, session: RunSession) -> None:
+        """Rank 0: the parameter server, the control endpoint and the run's logs."""
+        from cloud.hybrid._leader import Leader
+
+        spec, world = self.spec, self.group.world
+        self.leader = Leader(switcher=self.switcher, env_id=spec.env_id, run_dir=Path(spec.run_dir),
+                             policy=spec.env_id.split("-")[0].lower(), control=spec.switching.control,
+                             param_host=spec.hybrid.param_server_host, param_port=spec.hybrid.param_server_port)
+        session.begin(mode=self.switcher.mode, step=self.global_step, version=self.version,
+                      reason=f"initial mode of {world} hybrid units")
+        self.log(f"strata train: {world} hybrid units (gloo), {self.config.num_envs} envs each in mode "
+                 f"{self.switcher.mode}; parameter server {self.leader.server.address}")
+
+    def progress(self) -> Progress:
+        """Rank 0's progress display (a bar on a terminal, else lines); silent on the other units."""
+        enabled = False if self.rank else (os.isatty(1) if self.spec.progress is None else self.spec.progress)
+        return Progress(self.spec.total_steps, self.start_step, enabled=enabled, log=self.log, env_id=self.spec.env_id)
+
+    def collect(self) -> tuple[RolloutBatch, list[Episode]]:
+        """This unit's own rollout with the current policy version."""
+        t0 = time.perf_counter()
+        batch, episodes = self.switcher.collect(policy_version=self.version, global_step=self.global_step)
+        self._collect_s = time.perf_counter() - t0
+        return batch, episodes
+
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        """PPO on this unit's batch, gradients averaged over the group; every unit's rewards on one scale."""
+        group, learner = self.group, self.learner
+        t1 = time.perf_counter()
+        learner.anneal(self.version, self.num_updates)
+        update_batch = batch
+        if learner.reward_scaler.enabled:  # every unit folds every unit's return moments, in rank order
+            returns = learner.reward_scaler.discounted_returns(
+                batch.rewards, np.logical_or(batch.terminations, batch.truncations), batch.worker)
+            for row in group.all_gather(np.array([returns.mean(), returns.var(), returns.size])):
+                learner.reward_scaler.stats.update_moments(row[0], row[1], row[2])
+            update_batch = dataclasses.replace(batch, rewards=learner.reward_scaler.scale(batch.rewards))
+        values = learner.update(update_batch, generator=self.generator,
+                                reduce_gradients=lambda: group.average_gradients(learner.agent.parameters()))
+        self._update_s = time.perf_counter() - t1
+        self.version += 1
+        self._allreduce_s = group.take_allreduce_s()
+        for key, seconds in (("collect_s", self._collect_s), ("update_s", self._update_s),
+                             ("allreduce_s", self._allreduce_s), ("updates", 1.0)):
+            self.timings[key] += seconds
+        return values
+
+    def merge(self, batch: RolloutBatch, episodes: list[Episode]) -> dict[str, float]:
+        """All-gather every unit's summary: steps, episodes, observation moments and status figures."""
+        flat_obs = batch.obs.reshape(-1, self.obs_dim).astype(np.float64)
+        head = {"steps": batch.size, "stop": float(self.stop.signal is not None),
+                "workers": self.switcher.active.workers(), "pid": os.getpid(),
+                "steps_per_s": (self.unit_steps[self.rank] + batch.size) / max(time.perf_counter() - self.started,
+                                                                                1e-9),
+                "local_rank": self.group.local_rank, "node_rank": self.group.node_rank,
+                "collect_s": self._collect_s, "update_s": self._update_s, "allreduce_s": self._allreduce_s,
+                "obs_count": flat_obs.shape[0], "episodes": len(episodes), "mode": self.modes.index(self.switcher.mode)}
+        table = self.group.all_gather(self.summary.pack(head, flat_obs.mean(axis=0), flat_obs.var(axis=0),
+                                                        [e.episodic_return for e in episodes],
+                                                        [e.episodic_length for e in episodes]))
+        self.heads = [self.summary.head(row) for row in table]
+        new_returns: list[float] = []
+        new_lengths: list[float] = []
+        for row, h in zip(table, self.heads, strict=True):  # rank order: the same result on every unit
+            self.learner.normalizer.update_moments(*self.summary.moments(row), h["obs_count"])
+            returns, lengths = self.summary.episodes(row)
+            new_returns += returns.tolist()
+            new_lengths += lengths.tolist()
+        for r, h in enumerate(self.heads):
+            self.unit_steps[r] += int(h["steps"])
+        self.global_step += sum(int(h["steps"]) for h in self.heads)
+        self.learner.recent.extend(new_returns)
+        self.mean_return, self._window = window_mean(self.learner.recent)
+        values = {"charts/mean_return_20": self.mean_return, "charts/learning_rate": self.learner.learning_rate,
+                  "perf/env_steps_per_s": (self.global_step - self.start_step) / max(self.elapsed, 1e-9),
+                  "perf/collect_s": max(h["collect_s"] for h in self.heads),
+                  "perf/update_s": max(h["update_s"] for h in self.heads),
+                  "perf/allreduce_s": max(h["allreduce_s"] for h in self.heads)}
+        if new_returns:
+            values["charts/episodic_return"] = float(np.mean(new_returns))
+            values["charts/episodic_length"] = float(np.mean(new_lengths))
+        return values
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the unit started training (this call)."""
+        return time.perf_counter() - self.started
+
+    def decide(self) -> np.ndarray:
+        """Rank 0 decides (stop for a signal, stop solved, or switch every unit); the group gets its decision."""
+        decision = np.array([STOP_NONE, -1], dtype=np.int64)
+        self._pending = None
+        if self.leader is not None:
+            if any(h["stop"] for h in self.heads):
+                decision[0] = STOP_SIGNAL
+            elif self._solved_here():
+                decision[0] = STOP_SOLVED
+            self._pending = self.leader.gate.take() if decision[0] == STOP_NONE else None
+            if self._pending is not None:
+                decision[1] = self.modes.index(self._pending[0])
+        decision = self.group.broadcast(decision)
+        if decision[0] == STOP_SIGNAL:
+            self.stopped_by = self.stop.signal or "a signal to another unit"
+        if decision[0] == STOP_SOLVED:
+            self.solved_at_step, self.solved_at_s = self.global_step, self.elapsed
+        return decision
+
+    def _solved_here(self) -> bool:
+        """Rank 0: the moving mean at the target, confirmed by the greedy policy when asked (`TargetCheck`)."""
+        target = self.target
+        if not target.reached(self.mean_return, self._window):
+            return False
+        if target.confirm_episodes == 0:
+            return True
+        if not target.confirmation_due(self.mean_return, self._window, self.version):
+            return False
+        return target.confirm(self.version, lambda episodes: evaluate_greedy(
+            self.learner.agent, self.learner.normalizer, self.spec.env_id, episodes=episodes,
+            seed=self.spec.seed + 1_000_003 + self.version))
+
+    def switch(self, decision: np.ndarray) -> dict[str, float]:
+        """Every unit switches its rollout mode at this boundary when rank 0 broadcast one."""
+        self._event = None
+        if decision[1] < 0:
+            return {}
+        to = self.modes[int(decision[1])]
+        reason = self._pending[1] if self._pending is not None else "switch broadcast by rank 0"
+        self.switcher.request(to, reason=reason)
+        self._event = self.switcher.at_boundary(step=self.global_step, version=self.version, update=self.version,
+                                                mean_return=self.mean_return)
+        if self._pending is not None and self._event is not None:
+            self._pending[2].set_result(self._event)
+        if self._event is None:
+            return {}
+        if self.session is not None:
+            self.session.record_switch(self._event.to_dict())
+        return {"switch/pause_s": self._event.pause_s}
+
+    def publish(self, values: dict[str, float], display: Progress) -> None:
+        """Every unit's status; rank 0 logs metrics, publishes the version and serves status."""
+        self.units = [_unit_status(r, h, self.unit_steps[r], self.modes) for r, h in enumerate(self.heads)]
+        if self._event is not None:  # every unit switched here: its status says so from now on
+            for unit in self.units:
+                unit["mode"] = self.switcher.mode
+        if self.leader is None or self.session is None:
+            return
+        if self.target.greedy_return is not None and self.target.last_confirm == self.version:
+            values["charts/greedy_return"] = self.target.greedy_return
+        self.session.log(global_step=self.global_step, policy_version=self.version, values=values)
+        self.leader.publish(self.version, self.learner.agent, self.learner.normalizer)
+        display.update(self.global_step, self.mean_return, values["perf/env_steps_per_s"], mode=self.switcher.mode)
+        self.leader.update(state="training", step=self.global_step, policy_version=self.version,
+                           mean_return=None if np.isnan(self.mean_return) else self.mean_return,
+                           env_steps_per_s=values["perf/env_steps_per_s"], units=self.units)
+
+    def commit(self) -> None:
+        """Rank 0: the completed update is what any stop keeps."""
+        if self.session is not None:
+            self.session.commit({"algo": "ppo", "env_id": self.spec.env_id, "seed": self.spec.seed,
+                                 "version": self.version, "global_step": self.global_step,
+                                 "config": self.config.to_dict(), **self.spaces, **self.learner.state_dict(),
+                                 "hybrid": {"units": self.group.world}})
+
+    def result(self) -> HybridResult:
+        """Finish: rank 0's final checkpoint and stop line, every unit's digest and transition accounting."""
+        from cloud.hybrid._sync import state_digest
+        last_path = self.session.finish() if self.session is not None else None
+        if self.stopped_by is not None and self.session is not None:
+            self.log(f"strata train: stopped by {self.stopped_by} at step {self.global_step:,} (policy version "
+                     f"{self.version}); checkpoint {last_path}; resume with: {self.session.spec.command}")
+        final = self.group.gather_digests(state_digest(self.learner.agent, self.learner.normalizer))
+        counts = self.switcher.accounting.check()
+        produced = self.switcher.produced()
+        self.switcher.close()  # its workers exit and are reaped: their CPU is in this process's children's usage
+        self.timings["cpu_s"] = time.process_time() - self.cpu_started
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.timings["workers_cpu_s"] = usage.ru_utime + usage.ru_stime
+        per_unit = self.group.all_gather(np.array([produced, counts["consumed"], counts["duplicates"],
+                                                   counts["gaps"]], dtype=np.float64))
+        names = ("produced", "consumed", "duplicates", "gaps")
+        accounting = {"per_unit": [dict(zip(names, map(int, row), strict=True)) for row in per_unit],
+                      "total": dict(zip(names, map(int, per_unit.sum(axis=0)), strict=True))}
+        return HybridResult(
+            run_dir=Path(self.spec.run_dir), env_id=self.spec.env_id, units=self.group.world,
+            policy_version=self.version, global_step=self.global_step, wall_s=self.elapsed, checkpoint=last_path,
+            mean_return=window_mean(self.learner.recent)[0], solved_at_step=self.solved_at_step,
+            solved_at_s=self.solved_at_s, greedy_return=self.target.greedy_return, digests=final,
+            normalizer_count=float(self.learner.normalizer.count), unit_steps=self.unit_steps,
+            accounting=accounting, switches=tuple(self.switcher.history), stopped_by=self.stopped_by,
+            published=self.leader.published if self.leader is not None else 0, timings=self.timings,
+            unit_status=self.units)
+
+    def close(self) -> None:
+        """Stop the leader's services, the sources and the group (whatever was built)."""
+        if self.leader is not None:
+            self.leader.close()
+        self.switcher.close()
+        group = getattr(self, "group", None)  # absent when joining the group failed
         if group is not None:
             group.close()
 

@@ -355,7 +355,7 @@ def test_spawn_context_and_box_actions() -> None:
 
 
 def test_make_vector_env_colocated_mode_builds_a_same_step_pool() -> None:
-    from cloud._envs import make_vector_env
+    from cloud.rollout._envs import make_vector_env
 
     envs = make_vector_env("CartPole-v1", num_envs=4, seed=3, mode="colocated")
     ref = SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4, autoreset_mode=AutoresetMode.SAME_STEP)

@@ -455,7 +455,7 @@ def test_render_and_async_vector_env_constructor_arguments() -> None:
 
 
 def test_gymnasium_make_vec_async_mode_can_build_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cloud._shm_pool import SharedMemoryVectorEnv as Pool
+    from cloud.rollout._shm_pool import SharedMemoryVectorEnv as Pool
 
     monkeypatch.setattr(gym.vector, "AsyncVectorEnv", Pool)
     envs = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="async")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cloud._control import ControlClient, ControlError, ControlServer, SwitchRefused
+from cloud.switching._control import ControlClient, ControlError, ControlServer, SwitchRefused
 from tests._cli import run_strata
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cloud._decoupled import (
+from cloud.rollout._decoupled import (
     DecoupledError,
     FragmentSource,
     StalenessGate,
@@ -105,9 +105,9 @@ def test_ppo_trains_with_env_mode_decoupled(tmp_path: Path) -> None:
     """The learner, unchanged, on mode "decoupled": the source registered itself and starts its own services."""
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)
-    from cloud._envs import VECTOR_ENV_MODES
-    from cloud._ppo import PPOConfig
-    from cloud._train import train
+    from cloud.learners._ppo_config import PPOConfig
+    from cloud.rollout._envs import VECTOR_ENV_MODES
+    from cloud.runs._train import train
 
     assert VECTOR_ENV_MODES["decoupled"] is make_decoupled_vector_env
     result = train(env_id="CartPole-v1", total_steps=256, run_dir=tmp_path / "run", seed=0, progress=False,
@@ -118,7 +118,7 @@ def test_ppo_trains_with_env_mode_decoupled(tmp_path: Path) -> None:
 
 @needs_executor
 def test_bundle_pulled_from_the_parameter_server_by_version(services: list[EnvService], tmp_path: Path) -> None:
-    from cloud._paramserver import ParameterServer
+    from cloud.params._server import ParameterServer
     from functions._envservice import EnvServiceClient
 
     server = ParameterServer().start()

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cloud._distill import DistillConfig, distill
+from cloud.learners._distill import DistillConfig
+from cloud.runs._export import distill
 from device import Bundle, NumpyExecutor, TrustStore, Verifier, build_bundle, generate_keypair, load_public_key
 from device import load_signing_key as load_key
 
@@ -110,7 +111,7 @@ def test_bad_config_is_refused() -> None:
 def test_distil_a_trained_ppo_run(tmp_path: Path) -> None:
     import torch
 
-    from cloud._train import train
+    from cloud.runs._train import train
 
     torch.set_num_threads(1)
     run = train(env_id="CartPole-v1", total_steps=200_000, run_dir=tmp_path / "run", seed=1, target_return=475,

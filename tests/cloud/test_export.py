@@ -11,11 +11,12 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from cloud._agent import Agent, ObsNormalizer
-from cloud._checkpoint import load_latest_checkpoint
-from cloud._export import ExportError, build_policy_graph, export_onnx, export_run, verify_onnx, write_bundle
-from cloud._ppo import PPOConfig
-from cloud._train import train
+from cloud.learners._agent import Agent, ObsNormalizer
+from cloud.learners._onnx import ExportError, build_policy_graph, export_onnx, verify_onnx
+from cloud.learners._ppo_config import PPOConfig
+from cloud.runs._checkpoint import load_latest_checkpoint
+from cloud.runs._export import export_run, write_bundle
+from cloud.runs._train import train
 from device import Bundle, ConfigError, NumpyExecutor, SigningKey, TrustStore, Verifier, space_bounds
 
 torch.set_num_threads(1)

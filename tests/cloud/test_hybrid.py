@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 import torch
 
-from cloud._agent import Agent, ObsNormalizer
-from cloud._checkpoint import latest_checkpoint, load_checkpoint
-from cloud._control import ControlClient, ControlError
-from cloud._metrics import read_metrics
-from cloud._ppo import PPOConfig
-from cloud._switching import SwitchingConfig
 from cloud.hybrid import HybridConfig, UnitSpec, train_hybrid
 from cloud.hybrid._sync import state_digest
+from cloud.learners._agent import Agent, ObsNormalizer
+from cloud.learners._ppo_config import PPOConfig
+from cloud.runs._checkpoint import latest_checkpoint, load_checkpoint
+from cloud.runs._metrics import read_metrics
+from cloud.switching._control import ControlClient, ControlError
+from cloud.switching._modes import SwitchingConfig
 from tests._cli import run_strata
 
 REPO = Path(__file__).resolve().parents[2]

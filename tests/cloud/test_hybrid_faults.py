@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud._checkpoint import latest_checkpoint, load_checkpoint
+from cloud.runs._checkpoint import latest_checkpoint, load_checkpoint
 from tests.cloud.test_hybrid import REPO, TINY_FLAGS, _pids_with, _status_when, _wait_for
 
 STRATA = str(Path(sys.executable).with_name("strata"))
@@ -72,6 +72,6 @@ def test_a_unit_killed_without_restarts_stops_the_run_with_a_checkpoint_and_no_o
         print(proc.communicate()[0])
         raise
     assert proc.returncode != 0, out
-    assert "strata train: unit failed" in out and "continue with the same command and --resume" in out
+    assert "strata train: stopped by " in out and "resume with: strata train" in out and "--resume" in out
     assert load_checkpoint(latest_checkpoint(run))["version"] >= reached  # written by the stop, not periodically
     _wait_for("no process of the run left", lambda: not _pids_with(marker), timeout=60)

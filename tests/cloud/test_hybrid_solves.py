@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cloud._ppo import PPOConfig
-from cloud._switching import SwitchingConfig
-from cloud._train import train
 from cloud.hybrid import HybridConfig, UnitSpec, train_hybrid
+from cloud.learners._ppo_config import PPOConfig
+from cloud.runs._train import train
+from cloud.switching._modes import SwitchingConfig
 
 SEEDS = (0, 1, 2)
 BUDGET = 150_000

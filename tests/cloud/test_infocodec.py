@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from cloud._infocodec import InfoEncodingError, decode_info, encode_info
+from cloud.rollout._infocodec import InfoEncodingError, decode_info, encode_info
 
 
 def test_infos_round_trip_with_types() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from cloud._paramserver import ParameterServer, ParamServerConfig, ParamServerError
+from cloud.params._server import ParameterServer, ParamServerConfig, ParamServerError
 from functions._codec import weights_sha256
 from functions._paramclient import ParamClientError, ParameterClient, WeightsHashError
 

@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from cloud._agent import Agent, ObsNormalizer, RewardScaler
-from cloud._checkpoint import list_checkpoints, load_checkpoint, load_latest_checkpoint, save_checkpoint
-from cloud._envs import VECTOR_ENV_MODES, make_vector_env
-from cloud._metrics import read_metrics
-from cloud._ppo import PPOConfig, RolloutCollector, bootstrap_next_values, clip_grad_norm
-from cloud._train import train
+from cloud.learners._agent import Agent, ObsNormalizer, RewardScaler
+from cloud.learners._ppo import bootstrap_next_values, clip_grad_norm
+from cloud.learners._ppo_config import PPOConfig
+from cloud.rollout._collector import RolloutCollector
+from cloud.rollout._envs import VECTOR_ENV_MODES, make_vector_env
+from cloud.runs._checkpoint import list_checkpoints, load_checkpoint, load_latest_checkpoint, save_checkpoint
+from cloud.runs._metrics import read_metrics
+from cloud.runs._train import train
 from device import ConfigError, RolloutBatch, add_config_arguments
 
 torch.set_num_threads(1)
@@ -51,7 +53,7 @@ def test_every_config_field_is_documented_in_help() -> None:
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_float_flags_refuse_what_is_not_a_finite_number(value: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from cloud._sac import SACConfig
+    from cloud.learners._sac import SACConfig
 
     parser = argparse.ArgumentParser(prog="strata train")
     add_config_arguments(parser, SACConfig)
@@ -239,7 +241,7 @@ def test_resume_continues_the_version_lineage(tmp_path: Path) -> None:
                   checkpoint_every=2, progress=False, log=lambda _: None)
     assert (first.policy_version, first.global_step) == (5, 160)
     assert [int(p.stem) for p in list_checkpoints(tmp_path)] == [2, 4, 5]
-    with pytest.raises(ConfigError, match=re.escape("already has checkpoints; pass --resume")):
+    with pytest.raises(ConfigError, match=re.escape("already holds a run; pass --resume")):
         train(env_id="CartPole-v1", total_steps=320, run_dir=tmp_path, config=config, progress=False)
     with pytest.raises(ConfigError, match=re.escape("trains 'CartPole-v1', not 'Pendulum-v1'")):
         train(env_id="Pendulum-v1", total_steps=320, run_dir=tmp_path, resume=True, progress=False)
@@ -268,13 +270,13 @@ def test_resume_without_checkpoint_or_of_another_algorithm_is_refused(tmp_path: 
 
 
 def test_progress_bar_and_progress_lines(tmp_path: Path) -> None:
-    from cloud._train import _Progress
+    from cloud.runs._progress import Progress
 
     config = PPOConfig(num_envs=2, num_steps=16, update_epochs=1, hidden_sizes=(8,))
     result = train(env_id="CartPole-v1", total_steps=64, run_dir=tmp_path, config=config, progress=True)
     assert result.global_step == 64  # the rich bar ran without getting in the way
     lines: list[str] = []
-    with _Progress(1000, 0, enabled=False, log=lines.append, env_id="CartPole-v1", every_s=0.0) as progress:
+    with Progress(1000, 0, enabled=False, log=lines.append, env_id="CartPole-v1", every_s=0.0) as progress:
         progress.update(512, float("nan"), 1234.5)
         progress.update(1000, 77.25, 2345.0)
     assert lines == ["train CartPole-v1: step 512/1,000  return(20) -  1,234 steps/s",
@@ -290,23 +292,26 @@ def test_progress_bar_and_progress_lines(tmp_path: Path) -> None:
      "X: action space Discrete(2, start=1) starts at 1; strata's PPO needs Discrete actions numbered from 0"),
 ])
 def test_check_spaces_names_the_space(obs_space: gym.Space, action_space: gym.Space, message: str) -> None:
-    from cloud._envs import check_spaces
+    from cloud.rollout._envs import check_spaces
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_spaces("X", obs_space, action_space)
 
 
 def test_the_first_crossing_is_the_episode_that_took_the_window_over_the_target() -> None:
-    from cloud._ppo import Episode
-    from cloud._train import _first_crossing
+    from cloud.rollout._collector import Episode
+    from cloud.runs._train import TargetCheck
+
+    def first_crossing(earlier: list[float], target: float | None) -> Episode | None:
+        return TargetCheck(target, confirm_episodes=0).crossing(earlier, new)
 
     new = [Episode(100 + i, r, 10) for i, r in enumerate([20.0, 40.0, 0.0, 0.0])]
     # 18 earlier returns of 10: the 20.0 makes 19 returns, the 40.0 fills the window at (180 + 60) / 20 = 12
-    assert _first_crossing([10.0] * 18, new, 12.0) is new[1]
-    assert _first_crossing([10.0] * 18, new, 12.5) is None  # never reached, though the last rollout's mean is lower
-    assert _first_crossing([10.0] * 30, new, 10.5) is new[0]  # the earlier returns fill the window
-    assert _first_crossing([], new, -1e9) is None  # fewer than 20 returns never count
-    assert _first_crossing([10.0] * 30, new, None) is None
+    assert first_crossing([10.0] * 18, 12.0) is new[1]
+    assert first_crossing([10.0] * 18, 12.5) is None  # never reached, though the last rollout's mean is lower
+    assert first_crossing([10.0] * 30, 10.5) is new[0]  # the earlier returns fill the window
+    assert first_crossing([], -1e9) is None  # fewer than 20 returns never count
+    assert first_crossing([10.0] * 30, None) is None
 
 
 def test_target_return_with_and_without_confirmation(tmp_path: Path) -> None:
@@ -412,7 +417,7 @@ def test_the_agent_computes_what_its_modules_hold_and_initialises_as_asked(discr
 
 
 def test_gsde_config_is_checked_and_refused_where_it_cannot_act(tmp_path: Path) -> None:
-    from cloud._switching import SwitchingConfig
+    from cloud.switching._modes import SwitchingConfig
 
     with pytest.raises(ConfigError, match=re.escape("sde_sample_freq must be -1 (once per rollout) or >= 1, got 0")):
         PPOConfig(sde_sample_freq=0)
@@ -425,7 +430,7 @@ def test_gsde_config_is_checked_and_refused_where_it_cannot_act(tmp_path: Path) 
 
 
 def test_a_gsde_run_redraws_its_noise_resumes_and_exports_its_mean(tmp_path: Path) -> None:
-    from cloud._export import export_run
+    from cloud.runs._export import export_run
     from device import SigningKey
 
     config = PPOConfig(num_envs=2, num_steps=32, update_epochs=1, hidden_sizes=(8,), use_sde=True,

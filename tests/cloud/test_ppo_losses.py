@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from cloud._losses import compute_gae, normalize_advantages, policy_loss, total_loss, value_loss
+from cloud.learners._losses import compute_gae, normalize_advantages, policy_loss, total_loss, value_loss
 
 
 def test_gae_one_env_no_episode_end() -> None:

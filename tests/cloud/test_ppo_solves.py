@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from cloud._export import export_run
-from cloud._ppo import PPOConfig
-from cloud._train import train
+from cloud.learners._ppo_config import PPOConfig
+from cloud.runs._export import export_run
+from cloud.runs._train import train
 from device import NumpyExecutor, SigningKey
 
 torch.set_num_threads(1)

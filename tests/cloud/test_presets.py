@@ -11,7 +11,9 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
-from cloud._presets import (
+from cloud.cli import build_parser, main
+from cloud.learners._sac import SACConfig
+from cloud.runs._presets import (
     ENV_EXTRAS,
     UNVERIFIED,
     apply_preset,
@@ -20,8 +22,6 @@ from cloud._presets import (
     load_presets,
     require_env_extra,
 )
-from cloud._sac import SACConfig
-from cloud.cli import build_parser, main
 from device import ConfigError, MissingDependencyError
 from tests._cli import run_strata
 
@@ -187,7 +187,7 @@ def test_train_cli_says_which_preset_it_uses(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "strata train: preset ppo/Pendulum-v1 (" in result.stdout
     assert "policy version 2, 64 env steps" in result.stdout
-    from cloud._checkpoint import latest_checkpoint, load_checkpoint
+    from cloud.runs._checkpoint import latest_checkpoint, load_checkpoint
 
     newest = latest_checkpoint(run)
     assert newest is not None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud._presets import find_preset
+from cloud.runs._presets import find_preset
 from tests._cli import run_strata
 
 CLASSIC = [("ppo", "CartPole-v1"), ("ppo", "Acrobot-v1"), ("ppo", "MountainCar-v0"),

@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cloud._replay import (
+from cloud.replay._factory import make_replay
+from cloud.replay._grpc import ReplayServer
+from cloud.replay._tables import (
     Replay,
     ReplayConfig,
     ReplayError,
@@ -22,9 +24,7 @@ from cloud._replay import (
     Signature,
     annealed_beta,
     load_state_file,
-    make_replay,
 )
-from cloud._replay_grpc import ReplayServer
 from device import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -477,7 +477,7 @@ def test_attach_to_a_closed_table_is_a_clear_error() -> None:
 
 def test_generated_proto_code_is_up_to_date(tmp_path: Path) -> None:
     subprocess.run([str(REPO / "scripts" / "gen_replay_proto.sh"), str(tmp_path)], check=True, capture_output=True)
-    for path in sorted((REPO / "cloud" / "_replay_proto").glob("*.py*")):
+    for path in sorted((REPO / "cloud" / "replay" / "_proto").glob("*.py*")):
         assert (tmp_path / path.name).read_text() == path.read_text(), path.name
 
 
@@ -498,7 +498,7 @@ def test_large_inserts_that_wrap_keep_the_tree_and_keys_consistent() -> None:
 
 
 def _grpc_actor(address: str, start: int, count: int) -> None:
-    from cloud._replay_grpc import GrpcReplayClient
+    from cloud.replay._grpc import GrpcReplayClient
 
     client = GrpcReplayClient(address, signature=SIG)
     try:

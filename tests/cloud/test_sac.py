@@ -13,20 +13,19 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from cloud._replay import ReplayTable  # noqa: E402
-from cloud._replay_grpc import GrpcReplayClient, ReplayServer  # noqa: E402
-from cloud._sac import (  # noqa: E402
+from cloud.learners._sac import (  # noqa: E402
     SACConfig,
     SACTrainer,
     actor_loss_fn,
     alpha_loss_fn,
-    evaluate_onnx_policy,
     polyak_update,
     q_losses,
     soft_q_target,
-    squashed_log_prob,
-    train_sac,
 )
+from cloud.learners._sac_networks import squashed_log_prob  # noqa: E402
+from cloud.replay._grpc import GrpcReplayClient, ReplayServer  # noqa: E402
+from cloud.replay._tables import ReplayTable  # noqa: E402
+from cloud.runs._sac_run import evaluate_onnx_policy, train_sac  # noqa: E402
 from device import ConfigError, TrustStore, Verifier, generate_keypair, load_public_key, load_signing_key  # noqa: E402
 
 T = torch.tensor
@@ -320,7 +319,7 @@ def test_sde_per_episode_redraws_only_when_an_episode_ends() -> None:
 
 
 def test_sde_run_checkpoints_resumes_and_exports_from_the_checkpoint(tmp_path: Path) -> None:
-    from cloud._export import export_run
+    from cloud.runs._export import export_run
 
     cfg = SACConfig(hidden_sizes=(16,), batch_size=16, learning_starts=32, buffer_size=500, log_every=50,
                     eval_episodes=1, replay="local", use_sde=True, sde_sample_freq=8)

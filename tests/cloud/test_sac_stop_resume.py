@@ -9,10 +9,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from cloud._checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from cloud._export import export_run
-from cloud._metrics import read_metrics
-from cloud._sac import SACConfig, train_sac
+from cloud.learners._sac import SACConfig
+from cloud.runs._checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from cloud.runs._export import export_run
+from cloud.runs._metrics import read_metrics
+from cloud.runs._sac_run import train_sac
 from device import ConfigError, generate_keypair, load_signing_key
 from tests._cli import run_strata
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from cloud._serverless import (
+from cloud.rollout._serverless import (
     PRICE_PER_GB_S,
     PRICE_PER_REQUEST,
     Autoscaler,
@@ -344,13 +344,13 @@ def test_an_env_without_a_codec_runs_as_before_with_one_note(creds: None, runtim
     rt = start_runtime(FaultConfig())
     runtime_factory.append(rt)
     cfg = config(rt.url, env_id="FrozenLake-v1")  # toy-text: no env-state codec
-    with caplog.at_level("WARNING", logger="cloud._serverless"), ServerlessRolloutSource(cfg) as source:
+    with caplog.at_level("WARNING", logger="cloud.rollout._serverless"), ServerlessRolloutSource(cfg) as source:
         batches = list(source.fragments(count=8))
         assert source.stats.episodes_continued == 0
     ids = {tid for b in batches for tid in b.transition_ids()}
     assert ids == {(cfg.source, w, s) for w in range(4 * cfg.envs_per_invocation)
                    for s in range(cfg.steps_per_invocation)}  # fresh worker ids, seqs from 0: today's behaviour
-    notes = [r.getMessage() for r in caplog.records if r.name == "cloud._serverless"]
+    notes = [r.getMessage() for r in caplog.records if r.name == "cloud.rollout._serverless"]
     assert notes == ["FrozenLake-v1: episodes cannot continue across invocations (its FrozenLakeEnv layer has no "
                      "env-state codec), so they end at the fragment length (20 steps per invocation); register a "
                      "codec with functions.register_env_codec (see functions/_envstate.py)"]

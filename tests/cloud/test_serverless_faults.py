@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from cloud._serverless import ServerlessConfig, ServerlessError, ServerlessRolloutSource, _decode, local_scaling
+from cloud.rollout._serverless import ServerlessConfig, ServerlessError, ServerlessRolloutSource, _decode, local_scaling
 
 
 @pytest.mark.parametrize("payload", [b'{"ok": true, "rollout_id": "r-', b"\xff\xfe", b"", b'{"hello": 1}', b"[]"])

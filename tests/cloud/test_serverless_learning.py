@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cloud._switching import SwitchingConfig
-from cloud._train import train
+from cloud.runs._train import train
+from cloud.switching._modes import SwitchingConfig
 
 torch.set_num_threads(1)
 

@@ -17,11 +17,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from cloud._checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
-from cloud._metrics import read_metrics
-from cloud._ppo import PPOConfig
-from cloud._stop import Checkpointer, StopSignal, stop_signals, trim_jsonl
-from cloud._train import train
+from cloud.learners._ppo_config import PPOConfig
+from cloud.runs._checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from cloud.runs._metrics import read_metrics
+from cloud.runs._stop import Checkpointer, StopSignal, stop_signals, trim_jsonl
+from cloud.runs._train import train
 from device import ConfigError
 from tests._cli import STRATA, run_strata
 
@@ -365,16 +365,16 @@ def test_a_dead_env_service_with_nowhere_to_go_stops_the_run_with_a_checkpoint(t
 
 
 def test_failover_between_env_services_is_logged(caplog: pytest.LogCaptureFixture) -> None:
-    from cloud._decoupled import make_decoupled_vector_env
+    from cloud.rollout._decoupled import make_decoupled_vector_env
 
     envs = make_decoupled_vector_env("CartPole-v1", num_envs=2, seed=0, envs_per_service=1, spares=1, timeout_s=5.0)
     try:
         first = envs._owned[0]
         first.proc.kill()
         first.proc.wait(timeout=WAIT_S)
-        with caplog.at_level("WARNING", logger="cloud._decoupled"):
+        with caplog.at_level("WARNING", logger="cloud.rollout._decoupled"):
             wait_for(lambda: envs.step(envs.action_space.sample()) and envs.failovers, "the failover to the spare")
-        [message] = [r.getMessage() for r in caplog.records if r.name == "cloud._decoupled"]
+        [message] = [r.getMessage() for r in caplog.records if r.name == "cloud.rollout._decoupled"]
         assert f"env service {first.address} is dead or hung; its 1 envs moved to spare" in message
     finally:
         envs.close()

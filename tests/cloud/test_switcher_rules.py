@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cloud._control import SwitchRefused
-from cloud._switcher import Switcher, SwitchRules
+from cloud.switching._control import SwitchRefused
+from cloud.switching._switcher import Switcher, SwitchRules
 from device import RolloutBatch
 
 

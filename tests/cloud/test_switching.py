@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cloud._control import ControlClient, ControlError, SwitchRefused
-from cloud._metrics import read_metrics
-from cloud._ppo import PPOConfig
-from cloud._switcher import SwitchRules
-from cloud._switching import SwitchingConfig
-from cloud._train import train
+from cloud.learners._ppo_config import PPOConfig
+from cloud.runs._metrics import read_metrics
+from cloud.runs._train import train
+from cloud.switching._control import ControlClient, ControlError, SwitchRefused
+from cloud.switching._modes import SwitchingConfig
+from cloud.switching._switcher import SwitchRules
 from tests._cli import run_strata
 
 
