@@ -306,11 +306,13 @@ def parse_payload(payload: bytes) -> bytes:
 
 # ---- pagination -----------------------------------------------------------------------------------------------
 
-def page(items: list[dict[str, Any]], query: Mapping[str, list[str]], *, key: str) -> dict[str, Any]:
+def page(items: list[dict[str, Any]], query: Mapping[str, list[str]], *, key: str,
+         most: int = MAX_ITEMS_RANGE[1]) -> dict[str, Any]:
     """One page of `items` under `key`, as every Lambda List* call pages: ``Marker`` in, ``NextMarker`` out.
 
     Raises:
-        ApiError: ``MaxItems`` outside 1-10000 (400 ValidationException) or not a number, or a ``Marker`` this
+        ApiError: ``MaxItems`` outside 1-`most` (400 ValidationException; 10000, or 50 for event-invoke configs,
+            as in the model) or not a number, or a ``Marker`` this
             list did not hand out (400 InvalidParameterValueException).
     """
     text = _param(query, "MaxItems")
@@ -320,7 +322,7 @@ def page(items: list[dict[str, Any]], query: Mapping[str, list[str]], *, key: st
             size = int(text)
         except ValueError:
             raise invalid_parameter(f"MaxItems {shown(text)} is not an integer") from None
-        low, high = MAX_ITEMS_RANGE
+        low, high = MAX_ITEMS_RANGE[0], most
         if size < low:
             raise validation_error("maxItems", text, f"Member must have value greater than or equal to {low}")
         if size > high:
@@ -501,7 +503,7 @@ def _event_invoke_configs(source: Source, account: Account, function: str, tail:
         spec = _unqualified(source, account.region, function, "ListFunctionEventInvokeConfigs")
         configured = spec.on_failure or spec.async_retries is not None
         return page([event_invoke_config(spec, None, account)] if configured else [], query,
-                    key="FunctionEventInvokeConfigs")
+                    key="FunctionEventInvokeConfigs", most=50)
     if tail:
         raise unknown_operation("GET", f"/2019-09-25/functions/{function}/event-invoke-config/{'/'.join(tail)}")
     name, qualifier = split_qualifier(function, query)

@@ -174,6 +174,7 @@ def apply(config: DeployConfig, *, state_dir: Path, aws: Clients | None = None, 
     store = StateStore(state_dir, config.stage)
     executor = executor or AwsExecutor(aws, state_dir=state_dir, stage=config.stage)
     check_config(config)
+    check_region(store, store.load(), aws)  # before a pip build, like the credentials below
     aws.account_id()  # fails fast on missing credentials, before a pip build
     # Building is apply's (plan and a dry run only read): the packages exist before any step needs them.
     artifacts = None if executor.dry_run else build_artifacts(config, state_dir=state_dir)

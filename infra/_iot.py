@@ -29,7 +29,7 @@ from typing import Any
 
 from device import MqttAccess, MqttRole, mqtt_client_id, mqtt_topic, write_atomic
 from device._mqtt_access import MQTT_ACCESS
-from device._names import inside
+from device._names import identifier, inside
 
 CREDENTIALS_SCHEMA = 1
 MQTT_TLS_PORT = 8883
@@ -82,7 +82,8 @@ def policy_document(*, partition: str, region: str, account: str, fleet: str, no
 
 def credentials_path(state_dir: Path, stage: str, node: str) -> Path:
     """Where the credentials file of `node` in `stage` lives (absolute, inside `state_dir`)."""
-    return inside(state_dir, stage, "iot", node, "credentials.json", what="node credentials")
+    return inside(state_dir, identifier(stage, what="stage"), "iot", identifier(node, what="node"),
+                  "credentials.json", what="node credentials")
 
 
 def _write_private(path: Path, text: str) -> None:
