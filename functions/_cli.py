@@ -28,7 +28,8 @@ def _register_functions(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     serve.add_argument("--port", type=int, default=9001, help="TCP port; 0 picks a free one (default: %(default)s)")
     serve.add_argument("--function", action="append", default=[], metavar="NAME=HANDLER[,OPT=V...]",
                        help="a function to serve: NAME=module.handler with optional ,timeout=S ,memory=MB "
-                       ",concurrency=N ,versions=1+2 ,alias=NAME:VERSION (repeatable)")
+                       ",concurrency=N ,versions=1+2 ,alias=NAME:VERSION (a published version or $LATEST) "
+                       ",on-failure=SQS_QUEUE_ARN ,retries=N (0-2, for Event invocations) (repeatable)")
     serve.add_argument("--from-endpoint", metavar="URL", help="read a deployment back from this AWS endpoint "
                        "(provided by the infra tier)")
     serve.add_argument("--stage", default=None, help="deployment stage to serve, with --from-endpoint only "

@@ -40,7 +40,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             add_config_arguments(p, DeployConfig)
         else:
             p.add_argument("--stage", required=True, help="stage name")
-            p.add_argument("--region", default=None, help="AWS region (default: the standard chain)")
+            p.add_argument("--region", default=None, help="AWS region (default: where the stage is deployed, "
+                           "else AWS_REGION / AWS_DEFAULT_REGION / the profile's; printed with the reason)")
 
     plan = cmds.add_parser("plan", help="print what apply would change (read-only)",
                            description="Compare the desired deployment with the recorded state and the live "

@@ -83,7 +83,8 @@ class DeployConfig:
     stage: str = "dev"
     """Stage name (1-20 lowercase letters, digits or '-'); it names every resource and the Lambda alias."""
     region: str | None = None
-    """AWS region; default: the standard chain (AWS_REGION / AWS_DEFAULT_REGION / config file)."""
+    """AWS region; default: where the stage's last apply deployed it, else AWS_REGION / AWS_DEFAULT_REGION / the
+    profile's region, else us-east-1 (each command prints which and why)."""
     bucket: str = ""
     """Bucket name override; default strata-{stage}-{account}-{region}."""
 
