@@ -87,6 +87,7 @@ from functions._lambda_api import (
     decode_client_context,
     function_arn,
     handle_get,
+    invalid_content,
     not_found,
     parse_payload,
     split_qualifier,
@@ -1044,7 +1045,11 @@ def _make_api_handler(runtime: LocalRuntime) -> type[BaseHTTPRequestHandler]:
             try:
                 length = int(self.headers.get("Content-Length") or 0)
             except ValueError:
-                length = 0
+                length = -1
+            if length < 0:  # the body's end is unknown: answer, and close rather than misread what follows
+                self.close_connection = True
+                raise invalid_content(f"Content-Length {shown(self.headers.get('Content-Length'))} is not a "
+                                      "number of bytes")
             if length <= SYNC_PAYLOAD_LIMIT:
                 return self.rfile.read(length)
             left = length
@@ -1065,8 +1070,25 @@ def _make_api_handler(runtime: LocalRuntime) -> type[BaseHTTPRequestHandler]:
 
             self._answer(read)
 
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            """Answer http.server's own refusals in AWS's JSON shape rather than its HTML page, then close.
+
+            They are a header line over 64 KB, a garbled request line and a method with no ``do_*``.
+            """
+            self.close_connection = True
+            if code == 501:  # a method http.server has no do_* for
+                method, path = str(getattr(self, "command", "") or "?"), str(getattr(self, "path", ""))
+                exc = unknown_operation(method, urlparse(path).path)
+            else:
+                exc = invalid_content(f"the request could not be read: {message or code}")
+            self._error(_ApiError(exc.status, exc.error_type, exc.body, {**exc.headers, "Connection": "close"}))
+
         def do_POST(self) -> None:
-            payload = self._drain()
+            try:
+                payload = self._drain()
+            except _ApiError as exc:
+                self._error(exc)
+                return
             url = urlparse(self.path)
             query = parse_qs(url.query)
             headers = {k.lower(): v for k, v in self.headers.items()}
@@ -1084,7 +1106,8 @@ def _make_api_handler(runtime: LocalRuntime) -> type[BaseHTTPRequestHandler]:
                 self._error(unknown_operation("POST", path))
 
         def _unknown(self) -> None:
-            self._drain()
+            with contextlib.suppress(_ApiError):  # an unreadable body: the connection closes after this answer
+                self._drain()
             self._error(unknown_operation(self.command, urlparse(self.path).path))
 
         # Every write API (CreateFunction is a POST, answered above), and any other method: AWS's JSON refusal

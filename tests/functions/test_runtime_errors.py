@@ -358,3 +358,32 @@ def test_the_aws_cli_pages_reads_and_gets_the_same_errors(runtime: LocalRuntime,
             refused.stderr, refused.stderr
     refused = aws(runtime.url, "lambda", "delete-function", "--function-name", "echo", check=False)
     assert "An error occurred (UnknownOperationException) when calling the DeleteFunction operation" in refused.stderr
+
+
+def raw_exchange(runtime: LocalRuntime, data: bytes) -> bytes:
+    """Send `data` as is on a fresh connection and read until the runtime closes it."""
+    import socket
+
+    host, port = runtime.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(data)
+        chunks = []
+        while chunk := conn.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize(("data", "status", "code"), [
+    (b"POST " + F.encode() + b"/echo/invocations HTTP/1.1\r\nHost: x\r\nX-Amz-Client-Context: " + b"a" * 70_000
+     + b"\r\nContent-Length: 2\r\n\r\n{}", b"400", b"InvalidRequestContentException"),  # a header line over 64 KB
+    (b"GARBAGE\r\n\r\n", b"400", b"InvalidRequestContentException"),
+    (b"BREW /pot HTTP/1.1\r\nHost: x\r\n\r\n", b"404", b"UnknownOperationException"),
+    (b"POST " + F.encode() + b"/echo/invocations HTTP/1.1\r\nHost: x\r\nContent-Length: two\r\n\r\n{}", b"400",
+     b"InvalidRequestContentException"),
+])
+def test_requests_http_server_itself_refuses_are_answered_in_json_and_closed(runtime: LocalRuntime, data: bytes,
+                                                                             status: bytes, code: bytes) -> None:
+    answer = raw_exchange(runtime, data)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 " + status) and b"x-amzn-ErrorType: " + code in head, answer[:300]
+    assert b"Content-Type: application/json" in head and json.loads(body)
