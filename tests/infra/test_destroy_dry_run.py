@@ -10,6 +10,7 @@ import boto3
 
 from infra._deploy import apply, destroy, destroy_plan
 from infra._plan import Step
+from tests._aws_cli import aws_json
 from tests._cli import run_strata
 from tests._services import MotoServer
 from tests.infra.conftest import MakeConfig
@@ -82,9 +83,12 @@ def test_the_cli_dry_run_prints_what_destroy_then_deletes(aws_env: MotoServer, t
     assert dry.returncode == 0, dry.stderr
     listed = set(re.findall(r"^would delete (\S+ \S+)$", dry.stdout, re.M))
     assert {"iot_certificate strata-smoke_n1", "iot_certificate strata-smoke_n2"} <= listed
+    # as the AWS CLI sees the account: every certificate there is one the dry run lists
+    live = aws_json(aws_env.url, "iot", "list-certificates")["certificates"]
+    assert len(live) == sum(1 for item in listed if item.startswith("iot_certificate ")) == 2
     real = run_strata("infra", "destroy", "--stage", "smoke", "--state-dir", str(state), "--yes")
     assert real.returncode == 0, real.stderr
     assert set(re.findall(r"^done: delete (\S+ \S+)$", real.stdout, re.M)) == listed
     assert f"destroy: would delete {len(listed)} resource(s)" in dry.stdout
     assert f"destroy: deleted {len(listed)} resource(s)" in real.stdout
-    assert certificates() == set()
+    assert certificates() == set() and aws_json(aws_env.url, "iot", "list-certificates")["certificates"] == []

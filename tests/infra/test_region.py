@@ -10,6 +10,7 @@ import boto3
 import pytest
 
 from infra.aws import resolve_region
+from tests._aws_cli import aws_json
 from tests._cli import run_strata
 from tests._services import MotoServer
 from tests.infra.test_cli import flags
@@ -53,6 +54,8 @@ def test_every_command_announces_where_it_acts_and_a_stage_stays_in_its_region(
     bucket = next(b["Name"] for b in s3.list_buckets()["Buckets"] if b["Name"].startswith("strata-smoke-"))
     assert bucket.endswith("-eu-west-1")
     assert s3.get_bucket_location(Bucket=bucket)["LocationConstraint"] == "eu-west-1"
+    assert aws_json(aws_env.url, "s3api", "get-bucket-location", "--bucket", bucket) == {
+        "LocationConstraint": "eu-west-1"}
     assert json.loads((state / "smoke.json").read_text())["region"] == "eu-west-1"
     # Another region in the environment now: the stage is still where it is deployed, and the line says why.
     r = run_strata("infra", "apply", "--stage", "smoke", "--state-dir", str(state), env={"AWS_REGION": "us-west-2"})
