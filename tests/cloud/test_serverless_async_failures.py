@@ -10,7 +10,7 @@ from pathlib import Path
 
 import boto3
 
-from cloud._serverless import ServerlessRolloutSource
+from cloud.rollout._serverless import ServerlessRolloutSource
 from functions._lambda_api import FunctionSpec
 from functions._runtime import LocalRuntime, RuntimeConfig, SourceTreeFunctions
 from tests._services import MotoServer
