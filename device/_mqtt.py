@@ -25,6 +25,7 @@ from typing import Any
 
 from device._deps import require
 from device._errors import StrataError
+from device._names import HOST_FORM, is_host, shown
 
 MessageCallback = Callable[[str, bytes, bool], None]
 
@@ -52,17 +53,22 @@ class LinkOptions:
 
 def parse_broker(url: str) -> tuple[str, int, bool]:
     """``mqtt://host[:1883]`` or ``mqtts://host[:8883]`` as ``(host, port, tls)``; `ValueError` names the form."""
-    parsed = urllib.parse.urlsplit(url)
+    try:
+        parsed = urllib.parse.urlsplit(url)
+    except ValueError:
+        parsed = urllib.parse.urlsplit("")
     if parsed.scheme not in ("mqtt", "mqtts", "tcp", "ssl") or not parsed.hostname:
-        raise ValueError(f"broker {url!r} must be of the form mqtt://host:port or mqtts://host:port")
+        raise ValueError(f"broker {shown(url)} must be of the form mqtt://host:port or mqtts://host:port")
+    if not is_host(parsed.hostname) or parsed.path not in ("", "/") or parsed.query or parsed.fragment:
+        raise ValueError(f"broker {shown(url)}: the host must be {HOST_FORM}, with nothing after the port")
     tls = parsed.scheme in ("mqtts", "ssl")
     try:
         port = parsed.port or (8883 if tls else 1883)
     except ValueError:
-        raise ValueError(f"broker {url!r} has an invalid port") from None
+        raise ValueError(f"broker {shown(url)} has an invalid port") from None
     if parsed.username or parsed.password:
-        raise ValueError(f"broker {url!r} holds credentials; pass --username and --password-file instead "
-                         "(a URL ends up in logs and process lists)")
+        raise ValueError(f"broker {shown(url.split('@')[-1])} holds credentials; pass --username and --password-file "
+                         "instead (a URL ends up in logs and process lists)")
     return parsed.hostname, port, tls
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from device import require
+from device._names import HOST_FORM, is_host, shown
 from edge._errors import EdgeConfigError
 from edge._topics import AWS_MAX_PAYLOAD, QOS
 
@@ -140,17 +141,40 @@ class BrokerAddress:
 
 def parse_broker_url(url: str) -> BrokerAddress:
     """Parse ``mqtt://[user:pass@]host[:port]`` or ``mqtts://...``; raise `EdgeConfigError` naming the fix."""
-    parsed = urllib.parse.urlsplit(url)
+    try:
+        parsed = urllib.parse.urlsplit(url)
+    except ValueError:
+        parsed = urllib.parse.urlsplit("")
     if parsed.scheme not in ("mqtt", "mqtts", "tcp", "ssl") or not parsed.hostname:
-        raise EdgeConfigError(f"broker URL {url!r} is not of the form mqtt://host:port or mqtts://host:port")
+        raise EdgeConfigError(f"broker URL {shown(url)} is not of the form mqtt://host:port or mqtts://host:port")
+    if not is_host(parsed.hostname) or parsed.path not in ("", "/") or parsed.query or parsed.fragment:
+        raise EdgeConfigError(f"broker URL {shown(url)}: the host must be {HOST_FORM}, with nothing after the port")
     tls = parsed.scheme in ("mqtts", "ssl")
     try:
         port = parsed.port or (8883 if tls else 1883)
     except ValueError:
-        raise EdgeConfigError(f"broker URL {url!r} has an invalid port") from None
+        raise EdgeConfigError(f"broker URL {shown(url)} has an invalid port") from None
     user = urllib.parse.unquote(parsed.username) if parsed.username else None
     password = urllib.parse.unquote(parsed.password) if parsed.password else None
     return BrokerAddress(parsed.hostname, port, tls, user, password)
+
+
+def check_broker_url(url: str, *, what: str, credentials: bool = True) -> str:
+    """Return `url` if `parse_broker_url` takes it (and, without `credentials`, it holds no ``user:pass@``).
+
+    Config writers (kits) call this before writing a URL into a file.
+
+    Raises:
+        EdgeConfigError: naming `what`, the value and the form.
+    """
+    try:
+        address = parse_broker_url(url)
+    except EdgeConfigError as exc:
+        raise EdgeConfigError(f"{what}: {exc}") from None
+    if not credentials and (address.username or address.password):
+        raise EdgeConfigError(f"{what}: {shown(url.split('@')[-1])} must not hold credentials (user:pass@): a "
+                              "kit keeps its password in its own 0600 file")
+    return url
 
 
 def check_publish_topic(topic: str) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from device import identifier, inside
 from infra._errors import StateError
 from infra._executor import AwsExecutor, Executor
 from infra._live import function_version_attributes, reader_for
@@ -60,7 +61,7 @@ def config_from_dict(data: dict[str, Any], **overrides: Any) -> DeployConfig:
 
 def build_dir(state_dir: Path, stage: str) -> Path:
     """Where a stage's built zips go."""
-    return state_dir / stage / "build"
+    return inside(state_dir, identifier(stage, what="stage"), "build", what="stage build folder")
 
 
 def build_artifacts(config: DeployConfig, *, state_dir: Path) -> dict[str, Artifact]:
@@ -222,7 +223,7 @@ def destroy(stage: str, *, state_dir: Path, aws: Clients | None = None, config: 
     execute(the_plan, executor, store, state, after_step=after_step)
     if not executor.dry_run:
         store.delete()
-        shutil.rmtree(state_dir / stage, ignore_errors=True)
+        shutil.rmtree(inside(state_dir, identifier(stage, what="stage"), what="stage folder"), ignore_errors=True)
     return the_plan
 
 

@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from device import MqttAccess, MqttRole, mqtt_client_id, mqtt_topic, write_atomic
+from device import MqttAccess, MqttRole, identifier, inside, mqtt_client_id, mqtt_topic, write_atomic
 from device._mqtt_access import MQTT_ACCESS
 
 CREDENTIALS_SCHEMA = 1
@@ -79,8 +79,9 @@ def policy_document(*, partition: str, region: str, account: str, fleet: str, no
 
 
 def credentials_path(state_dir: Path, stage: str, node: str) -> Path:
-    """Where the credentials file of `node` in `stage` lives."""
-    return state_dir / stage / "iot" / node / "credentials.json"
+    """Where the credentials file of `node` in `stage` lives (both identifiers; the path stays in `state_dir`)."""
+    return inside(state_dir, identifier(stage, what="stage"), "iot", identifier(node, what="node id"),
+                  "credentials.json", what="node credentials")
 
 
 def _write_private(path: Path, text: str) -> None:

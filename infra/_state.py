@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from device import identifier, inside
 from infra._errors import StateError
 
 SCHEMA_VERSION = 1
@@ -66,8 +67,8 @@ class StateStore:
 
     def __init__(self, state_dir: Path, stage: str) -> None:
         self.state_dir = state_dir
-        self.stage = stage
-        self.path = state_dir / f"{stage}.json"
+        self.stage = identifier(stage, what="stage")
+        self.path = inside(state_dir, f"{stage}.json", what="stage state file")
 
     def load(self) -> State:
         """The recorded state, or an empty one when the stage was never applied.
