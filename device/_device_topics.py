@@ -128,7 +128,9 @@ class EscalationRequest:
 
     def encode(self) -> bytes:
         """JSON bytes."""
-        return json.dumps({"id": self.id, "obs": list(self.obs), "budget_ms": self.budget_ms}).encode()
+        # Standard JSON only: NaN or Infinity would be refused by every receiver (ValueError here instead).
+        return json.dumps({"id": self.id, "obs": list(self.obs), "budget_ms": self.budget_ms},
+                          allow_nan=False).encode()
 
     @classmethod
     def decode(cls, topic: str, payload: bytes) -> EscalationRequest:
@@ -158,7 +160,7 @@ class EscalationReply:
     def encode(self) -> bytes:
         """JSON bytes."""
         return json.dumps({"id": self.id, "action": None if self.action is None else list(self.action),
-                           "policy_version": self.policy_version, "error": self.error}).encode()
+                           "policy_version": self.policy_version, "error": self.error}, allow_nan=False).encode()
 
     @classmethod
     def decode(cls, topic: str, payload: bytes) -> EscalationReply:

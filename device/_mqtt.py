@@ -72,6 +72,57 @@ def parse_broker(url: str) -> tuple[str, int, bool]:
     return parsed.hostname, port, tls
 
 
+# OpenSSL verify codes (x509_vfy.h) of the certificate failures a client meets, each with its own fix.
+_EXPIRED, _NOT_YET_VALID = 10, 9
+_UNKNOWN_ISSUER = (2, 18, 19, 20, 21)
+_WRONG_HOST = (62, 64)
+
+
+def tls_failure(exc: BaseException, *, host: str, port: int, tls: bool, ca_file: str | None) -> str | None:
+    """One line naming why connecting failed in TLS terms and the fix, or None when `exc` is no TLS failure.
+
+    A TLS failure is a configuration error that retrying cannot fix (unlike a refused TCP connection, which is
+    an outage): an unknown CA, an expired or not yet valid certificate, a certificate for another host, or a
+    handshake the server breaks off (TLS to a plain MQTT port). Both MQTT links (`device._mqtt`,
+    `edge._mqtt`) use it, so `strata edge run` and `strata device run` name the same causes.
+    """
+    where = f"{host}:{port}"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        code, detail = getattr(exc, "verify_code", None), str(getattr(exc, "verify_message", "") or exc)
+        if code == _EXPIRED:
+            return (f"TLS: the server certificate of {where} has expired; renew the broker's certificate (or fix "
+                    "this machine's clock)")
+        if code == _NOT_YET_VALID:
+            return f"TLS: the server certificate of {where} is not valid yet; check this machine's clock"
+        if code in _WRONG_HOST or "mismatch" in detail:
+            return (f"TLS: the server certificate of {where} is not valid for {host!r} ({detail}); connect by the "
+                    "name the certificate holds, or reissue it for this host")
+        if code in _UNKNOWN_ISSUER:
+            trusted = f"--ca-file {ca_file}" if ca_file else "the system's CA store (no --ca-file)"
+            return (f"TLS: the server certificate of {where} is not signed by a CA in {trusted} ({detail}); pass "
+                    "--ca-file with the CA that signed the broker's certificate")
+        return f"TLS: the server certificate of {where} does not verify ({detail}); check --ca-file"
+    if tls and isinstance(exc, ssl.SSLError | ConnectionResetError | BrokenPipeError):
+        return (f"TLS: the handshake with {where} failed ({type(exc).__name__}: {exc}); is it a plain MQTT port? "
+                "use mqtt:// for it, or the broker's TLS port with mqtts://")
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS: {where}: {exc}; check --ca-file, --cert-file and --key-file"
+    return None
+
+
+def closed_before_connack(*, host: str, port: int, tls: bool, cert_file: str | None) -> str:
+    """Why a broker that accepted the connection closed it before answering CONNECT, with the fix."""
+    where = f"{host}:{port}"
+    if not tls:
+        return (f"{where} closed the connection before answering CONNECT: is it a TLS port? use mqtts:// (with "
+                "--ca-file) for it")
+    if cert_file:
+        return (f"the broker {where} closed the TLS connection before answering CONNECT: it refused the client "
+                f"certificate {cert_file} (wrong CA, expired or revoked), or the client id is not allowed")
+    return (f"the broker {where} closed the TLS connection before answering CONNECT: it may require a client "
+            "certificate (--cert-file, --key-file)")
+
+
 class DeviceLink:
     """One paho client with the device's settings (see the module docstring).
 
@@ -89,6 +140,7 @@ class DeviceLink:
         self._subscriptions = list(subscriptions)
         self._first = threading.Event()
         self._refused: str | None = None
+        self._closed_early: str | None = None
         self._connected = threading.Event()
         self.connects = 0
         """CONNACKs accepted so far (the first connection and every reconnection)."""
@@ -129,11 +181,17 @@ class DeviceLink:
         try:
             self._client.connect(o.host, o.port, keepalive=o.keepalive_s)
         except (OSError, ssl.SSLError) as exc:
-            raise MqttLinkError(f"cannot connect to {o.host}:{o.port}: {exc}") from None
+            tls = tls_failure(exc, host=o.host, port=o.port, tls=bool(o.tls or o.ca_file or o.cert_file),
+                              ca_file=o.ca_file)
+            raise MqttLinkError(f"cannot connect: {tls}" if tls else f"cannot connect to {o.host}:{o.port}: {exc}"
+                                ) from None
         self._client.loop_start()
         if not self._first.wait(timeout_s):
             self.close()
             raise MqttLinkError(f"{o.host}:{o.port} did not answer the MQTT CONNECT within {timeout_s} s")
+        if self._closed_early is not None:
+            self.close()
+            raise MqttLinkError(self._closed_early)
         if self._refused is not None:
             self.close()
             refused_credentials = "authori" in self._refused or "password" in self._refused
@@ -193,6 +251,13 @@ class DeviceLink:
         self._connected.clear()
         if reason.is_failure:
             self.last_error = str(reason)
+        if not self._first.is_set():  # the broker accepted the socket but closed it before any CONNACK
+            o = self.options
+            self._closed_early = closed_before_connack(host=o.host, port=o.port, tls=bool(o.tls or o.ca_file or
+                                                                                           o.cert_file),
+                                                       cert_file=o.cert_file)
+            self.last_error = self._closed_early
+            self._first.set()
 
     def _handle_message(self, client: Any, userdata: Any, message: Any) -> None:
         self._on_message(message.topic, bytes(message.payload), bool(message.retain))

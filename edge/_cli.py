@@ -44,6 +44,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                          help="edge: a policy for edge agents (default); device: a micro policy (from `strata export "
                          "--tier device`) published retained to strata/FLEET/device-policy, which every edge "
                          "gateway verifies and relays to its devices")
+    publish.add_argument("--trust", action="append", type=Path, metavar="PUBFILE", default=None,
+                         help="verify the bundle against this public key (repeat for several) before anything is "
+                         "sent: a tampered, unsigned or foreign-signed bundle is refused here, not by every node")
     publish.set_defaults(func=_publish)
 
     edge = sub.add_parser("edge", help="run an edge node", description="Run an edge node.")
@@ -209,6 +212,10 @@ def _publish(args: argparse.Namespace) -> int:
         data = args.bundle.read_bytes()
     except OSError as exc:
         raise EdgeConfigError(f"strata publish: cannot read {args.bundle}: {exc.strerror or exc}") from None
+    if args.trust:  # the one trust-anchor parser; the consumers' own verifier, before anything goes on the wire
+        from device import TrustStore, Verifier
+
+        Verifier(trust=TrustStore.from_paths(args.trust), tier=args.tier).verify(data)
     if args.tier == "device":
         return _publish_device(args, data)
     ann = publish_bundle(data, broker=args.broker, fleet=args.fleet, username=args.username,
@@ -270,7 +277,7 @@ def _edge_run(args: argparse.Namespace) -> int:
                "steps": counters.steps, "episodes": counters.episodes, "updates": counters.updates,
                "refused": len(counters.refused), "health_failures": len(counters.health_failures),
                "telemetry_records": counters.telemetry_records, "seconds": round(time.monotonic() - started, 3),
-               "last_error": agent.last_error}
+               "last_error": agent.last_error, "cache_repairs": agent.cache_repairs}
     if args.json:
         print(json.dumps(summary))
     else:

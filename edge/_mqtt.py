@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from device import require
+from device._mqtt import closed_before_connack, tls_failure
 from device._names import HOST_FORM, is_host, shown
 from edge._errors import EdgeConfigError
 from edge._topics import AWS_MAX_PAYLOAD, QOS
@@ -249,6 +250,7 @@ class MqttLink:
             check_publish_topic(will[0])
         self._will = will
         self._fall_back = False
+        self._tls = self.address.tls or bool(config.ca_file or config.cert_file)
         self._client = self._build_client()
 
     def _build_client(self) -> Any:
@@ -265,7 +267,7 @@ class MqttLink:
         password = config.password if config.password is not None else self.address.password
         if username:
             client.username_pw_set(username, password)
-        if self.address.tls or config.ca_file or config.cert_file:
+        if self._tls:
             try:
                 context = ssl.create_default_context(cafile=config.ca_file)
                 if config.cert_file:
@@ -369,10 +371,20 @@ class MqttLink:
                         self._client.reconnect()
                     first = False
                 except (OSError, ssl.SSLError) as exc:
-                    # Retryable: the broker is down, restarting, or the network is out. The node keeps working
-                    # offline and tries again after the backoff.
-                    self._state = LinkState.UNREACHABLE
-                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    tls = tls_failure(exc, host=self.address.host, port=self.address.port, tls=self._tls,
+                                      ca_file=self.config.ca_file)
+                    if tls is not None:
+                        # A certificate that does not verify, or a handshake the server breaks off, is a
+                        # configuration error: retrying cannot fix it, so it counts against `max_refusals`.
+                        self.refusals += 1
+                        self._state = LinkState.REFUSED
+                        self.last_error = tls
+                        log.warning("%s: %s", self.config.client_id, tls)
+                    else:
+                        # Retryable: the broker is down, restarting, or the network is out. The node keeps
+                        # working offline and tries again after the backoff.
+                        self._state = LinkState.UNREACHABLE
+                        self.last_error = f"{type(exc).__name__}: {exc}"
                     self._backoff(delay)
                     delay = min(delay * 2, self.config.reconnect_max_s)
                     continue
@@ -386,14 +398,15 @@ class MqttLink:
                 self._client = self._build_client()
                 continue
             if rc != self._mqtt.MQTT_ERR_SUCCESS and not self._stop.is_set():
-                if self.config.cert_file and not self._answered:
-                    # Under TLS 1.3 a broker that rejects the client certificate (wrong CA, expired) completes
-                    # the handshake and then closes before any CONNACK: that is a refusal, not an outage.
+                if not self._answered:
+                    # The broker took the connection and closed it before any CONNACK: under TLS 1.3 a broker that
+                    # rejects the client certificate does so after the handshake, and a TLS listener does so to a
+                    # plain CONNECT. That is a refusal, not an outage.
                     self.refusals += 1
                     self._state = LinkState.REFUSED
-                    self.last_error = (f"the broker closed the TLS connection before answering CONNECT: it refused "
-                                       f"the client certificate {self.config.cert_file} (wrong CA, expired or "
-                                       "revoked)")
+                    self.last_error = closed_before_connack(host=self.address.host, port=self.address.port,
+                                                            tls=self._tls, cert_file=self.config.cert_file)
+                    log.warning("%s: %s", self.config.client_id, self.last_error)
                 if self._client.socket() is not None:
                     self._client._sock_close()
                 if self._state is not LinkState.REFUSED:

@@ -400,6 +400,9 @@ class NodeStatus:
     """Mean return of the episodes in the latest telemetry record."""
     latency_p99_us: float | None = None
     last_record_id: int | None = None
+    cache_repairs: str | None = None
+    """What the node's policy cache found damaged since it started and how it fell back (kept after a later
+    successful update clears `last_error`)."""
 
     def encode(self) -> bytes:
         """JSON payload."""
@@ -420,7 +423,8 @@ class NodeStatus:
                    episodes=_field(topic, obj, "episodes", int, optional=True) or 0,
                    mean_return=_opt_float(topic, obj, "mean_return"),
                    latency_p99_us=_opt_float(topic, obj, "latency_p99_us"),
-                   last_record_id=_field(topic, obj, "last_record_id", int, optional=True))
+                   last_record_id=_field(topic, obj, "last_record_id", int, optional=True),
+                   cache_repairs=_field(topic, obj, "cache_repairs", str, optional=True))
 
 
 def _is_int(x: object) -> bool:
