@@ -72,6 +72,37 @@ def parse_broker(url: str) -> tuple[str, int, bool]:
     return parsed.hostname, port, tls
 
 
+class _ClosingSSLSocket(ssl.SSLSocket):
+    """An `ssl.SSLSocket` that closes itself when its handshake fails.
+
+    paho (2.2, ``Client._ssl_wrap_socket``) leaves the socket of a failed handshake open for the garbage collector
+    (a ResourceWarning per attempt); a refused certificate is retried up to the refusal budget, so it is closed here.
+    """
+
+    def do_handshake(self, block: bool = False) -> None:
+        try:
+            super().do_handshake(block)
+        except BaseException:
+            self.close()
+            raise
+
+
+def tls_context(*, ca_file: str | None, cert_file: str | None, key_file: str | None) -> ssl.SSLContext:
+    """The client TLS context of both MQTT links; a failed handshake closes its socket.
+
+    It verifies the broker against `ca_file` (or the system's CAs), host name included, and presents `cert_file`
+    when given.
+
+    Raises:
+        OSError, ssl.SSLError: a file cannot be read or is not PEM.
+    """
+    context = ssl.create_default_context(cafile=ca_file)
+    if cert_file:
+        context.load_cert_chain(cert_file, key_file)
+    context.sslsocket_class = _ClosingSSLSocket
+    return context
+
+
 # OpenSSL verify codes (x509_vfy.h) of the certificate failures a client meets, each with its own fix.
 _EXPIRED, _NOT_YET_VALID = 10, 9
 _UNKNOWN_ISSUER = (2, 18, 19, 20, 21)
@@ -152,9 +183,7 @@ class DeviceLink:
             client.username_pw_set(options.username, options.password)
         if options.tls or options.ca_file or options.cert_file:
             try:
-                context = ssl.create_default_context(cafile=options.ca_file)
-                if options.cert_file:
-                    context.load_cert_chain(options.cert_file, options.key_file)
+                context = tls_context(ca_file=options.ca_file, cert_file=options.cert_file, key_file=options.key_file)
             except (OSError, ssl.SSLError) as exc:
                 raise MqttLinkError(f"cannot load the TLS files (ca {options.ca_file!r}, cert {options.cert_file!r}, "
                                     f"key {options.key_file!r}): {exc}; pass readable PEM files") from None

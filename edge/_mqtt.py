@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from device import require
-from device._mqtt import closed_before_connack, tls_failure
+from device._mqtt import closed_before_connack, tls_context, tls_failure
 from device._names import HOST_FORM, is_host, shown
 from edge._errors import EdgeConfigError
 from edge._topics import AWS_MAX_PAYLOAD, QOS
@@ -269,9 +269,7 @@ class MqttLink:
             client.username_pw_set(username, password)
         if self._tls:
             try:
-                context = ssl.create_default_context(cafile=config.ca_file)
-                if config.cert_file:
-                    context.load_cert_chain(config.cert_file, config.key_file)
+                context = tls_context(ca_file=config.ca_file, cert_file=config.cert_file, key_file=config.key_file)
             except (OSError, ssl.SSLError) as exc:
                 raise EdgeConfigError(f"cannot load the TLS files (ca {config.ca_file!r}, cert {config.cert_file!r}, "
                                       f"key {config.key_file!r}): {exc}; pass readable PEM files") from None
