@@ -147,9 +147,8 @@ def test_functions_serve_from_a_dead_endpoint_is_one_error_line(tmp_path: Path) 
 
 def test_a_trusted_key_file_is_read_into_the_config(tmp_path: Path) -> None:
     from cloud.cli import build_parser
-    from infra._cli import _overrides
-
     from device import generate_keypair
+    from infra._cli import _overrides
 
     # A real key: the value is parsed as an Ed25519 public key now (a truncated PEM is refused).
     _, pub = generate_keypair(tmp_path, name="signer")
