@@ -225,8 +225,8 @@ def parse_public_keys(data: bytes | str, *, source: str) -> list[PublicKey]:
         raise KeyFileError(f"{source} is a PRIVATE key; pass the .pub file (the public half, e.g. "
                            "strata-signing.pub) and keep the private key on the signing machine only")
     if len(raw) > MAX_KEY_FILE_BYTES:
-        raise KeyFileError(f"{source} is {len(raw):,} bytes, not a public key file (at most "
-                           f"{MAX_KEY_FILE_BYTES:,}); pass the .pub file `strata keys generate` wrote")
+        raise KeyFileError(f"{source} is over {MAX_KEY_FILE_BYTES:,} bytes, not a public key file; pass the .pub "
+                           "file `strata keys generate` wrote")
     keys: list[PublicKey] = []
     rest = raw.strip()
     while rest:
@@ -260,7 +260,7 @@ def read_public_key_file(path: Path | str, *, what: str = "public key") -> tuple
     source = f"{what} {shown(str(p))}"
     try:
         if not p.is_file():
-            raise KeyFileError(f"{source} is not a file (missing, or a folder); pass the .pub file "
+            raise KeyFileError(f"{source} is not a file (missing, a folder or a device); pass the .pub file "
                                "`strata keys generate` wrote")
         with p.open("rb") as f:
             data = f.read(MAX_KEY_FILE_BYTES + 1)

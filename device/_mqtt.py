@@ -149,7 +149,7 @@ def closed_before_connack(*, host: str, port: int, tls: bool, cert_file: str | N
                 "--ca-file) for it")
     if cert_file:
         return (f"the broker {where} closed the TLS connection before answering CONNECT: it refused the client "
-                f"certificate {cert_file} (wrong CA, expired or revoked), or the client id is not allowed")
+                f"certificate --cert-file {cert_file} (wrong CA, expired or revoked), or the client id is not allowed")
     return (f"the broker {where} closed the TLS connection before answering CONNECT: it may require a client "
             "certificate (--cert-file, --key-file)")
 

@@ -35,7 +35,7 @@ from device import Bundle, BundleError, RolloutBatch, TrustStore, load_public_ke
 from edge._cache import Phase, PolicyCache
 from edge._errors import CacheError, EdgeConfigError, EdgeError, PayloadError
 from edge._gateway import EdgeGateway, GatewayConfig
-from edge._mqtt import LinkConfig, MqttLink
+from edge._mqtt import LinkConfig, MqttLink, parse_broker_url
 from edge._outbox import Outbox, OutboxConfig
 from edge._policy import HealthChecker, HealthConfig, HealthReport, OnnxPolicy
 from edge._topics import (
@@ -128,6 +128,8 @@ class EdgeAgentConfig:
         check_segment(self.node_id, "node id")
         if self.policy is not None:
             check_segment(self.policy, "policy")
+        if self.broker is not None:  # validated where the config is built, so a kit or install never carries junk
+            parse_broker_url(self.broker)
         if not self.trust:
             raise EdgeConfigError("EdgeAgentConfig: trust is empty; pass the public key that signs the fleet's "
                                   "bundles (--trust strata-signing.pub)")
