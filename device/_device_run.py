@@ -312,7 +312,7 @@ class TieredController:
         """Decide one observation (see the module docstring)."""
         start = self.clock()
         x = np.asarray(obs, dtype=np.float32).reshape(1, *np.shape(obs))
-        if not np.all(np.isfinite(x)):  # a broken sensor: the C export's rule (refused), the fallback at once
+        if not np.isfinite(x).all():  # a broken sensor: the C export's rule (refused), the fallback at once
             self.nonfinite += 1
             if self._last is None:  # nothing decided yet: the neutral action (0, or zeros of the action's shape)
                 self._last = 0 if self.discrete else np.zeros_like(self.executor.act(np.zeros_like(x))[0])
