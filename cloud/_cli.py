@@ -1,12 +1,16 @@
 """Cloud-tier commands: demo, train, export, and switch / status / runs for running jobs.
 
-Nothing heavy is imported here: each command imports torch, gymnasium or onnx when it runs.
+Nothing heavy is imported here: each command imports torch, gymnasium or onnx when it runs. Every command is a
+check and a run (`device.command`): the check validates every flag, their combinations, the env and the run dir
+(a resumed checkpoint is loaded and restored into a learner) before anything is trained, written or started.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,7 +24,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from cloud.runs._stop import ROLLING_EVERY_S
     from cloud.switching._modes import SwitchingConfig
     from cloud.switching._switcher import SwitchRules
-    from device import add_config_arguments, finite_float, seconds
+    from device import add_config_arguments
+    from device._config import add_option, command
+    from device._kinds import PRIVATE_KEY, SEED
+    from device._options import (
+        Choice,
+        EnvId,
+        InputFolder,
+        Integer,
+        Name,
+        Number,
+        OutputFile,
+        OutputFolder,
+        Seconds,
+        Switch,
+    )
 
     demo = sub.add_parser(
         "demo",
@@ -31,7 +49,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "a fleet table; learning-curve and throughput plots and a markdown summary.",
     )
     add_config_arguments(demo, DemoConfig)
-    demo.set_defaults(func=_demo)
+    command(demo, check=_demo_check, run=_demo)
 
     train = sub.add_parser(
         "train",
@@ -40,36 +58,37 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "or Box action space. Writes RUN_DIR/checkpoints/{version:09d}.pt (atomically) and "
         "RUN_DIR/metrics.jsonl; --resume continues the newest checkpoint's version lineage. A fresh run starts from "
         "the env's tuned preset (cloud/presets/ppo.toml, sac.toml) when there is one and says so; --preset none "
-        "uses the plain defaults.",
+        "uses the plain defaults. Every flag, the env and the run dir are checked before training starts.",
     )
-    train.add_argument("--env", required=True, metavar="ID", help="gymnasium env id, e.g. CartPole-v1")
-    train.add_argument("--algo", default="ppo", choices=["ppo", "sac"],
-                       help="learning algorithm: ppo (Discrete or Box actions) or sac (Box actions; replay; "
-                       "one mode, so switching flags are refused) (default: %(default)s)")
-    train.add_argument("--total-steps", type=int, default=None, metavar="N",
-                       help="env-step budget of the whole run (a resumed run stops at the same total; default: the "
-                       "preset's budget, required without one)")
-    train.add_argument("--preset", default="auto", choices=["auto", "none"],
-                       help="auto: start from the env's tuned preset in cloud/presets/ALGO.toml when there is one "
-                       "(hyperparameters, budget, solved threshold; flags given override single values); none: "
-                       "PPOConfig/SACConfig defaults (default: %(default)s)")
-    train.add_argument("--run-dir", required=True, type=Path, metavar="DIR", help="folder for checkpoints and metrics")
-    train.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    train.add_argument("--resume", action="store_true",
-                       help="continue from the newest checkpoint in --run-dir (its hyperparameters, unless "
-                       "flags below override them)")
-    train.add_argument("--target-return", type=finite_float, default=None, metavar="R",
-                       help="stop early once the mean return of the last 20 episodes reaches R (PPO; default: the "
-                       "preset's solved threshold)")
-    train.add_argument("--confirm-episodes", type=int, default=None, metavar="N",
-                       help="with --target-return, stop only once the deterministic policy also averages R over N "
-                       "fresh episodes (0: trust the training episodes alone; default: 20; PPO only)")
-    train.add_argument("--checkpoint-every", type=int, default=100, metavar="UPDATES",
-                       help="also checkpoint every this many updates (SAC: commits of --log-every env steps; "
-                       "default: %(default)s); every stop writes one")
-    train.add_argument("--rolling-checkpoint-s", type=seconds, default=ROLLING_EVERY_S, metavar="SECONDS",
-                       help="write the newest update in the background at most this often, so a kill -9 loses at "
-                       "most about this long of training (0: every update; default: %(default)s)")
+    add_option(train, "--env", EnvId(), required=True, help="gymnasium env id, e.g. CartPole-v1")
+    add_option(train, "--algo", Choice(values=("ppo", "sac")), default="ppo",
+               help="learning algorithm: ppo (Discrete or Box actions) or sac (Box actions; replay; one mode, so "
+               "switching flags are refused)")
+    add_option(train, "--total-steps", Integer(min=1, max=10**12),
+               help="env-step budget of the whole run (a resumed run stops at the same total; default: the "
+               "preset's budget, required without one)")
+    add_option(train, "--preset", Choice(values=("auto", "none")), default="auto",
+               help="auto: start from the env's tuned preset in cloud/presets/ALGO.toml when there is one "
+               "(hyperparameters, budget, solved threshold; flags given override single values); none: "
+               "PPOConfig/SACConfig defaults")
+    add_option(train, "--run-dir", OutputFolder(what="run folder", parents=True), required=True,
+               help="folder for checkpoints and metrics (created with its parents)")
+    add_option(train, "--seed", SEED, default=0, help="random seed")
+    add_option(train, "--resume", Switch(), default=False,
+               help="continue from the newest checkpoint in --run-dir (its hyperparameters, unless flags below "
+               "override them)")
+    add_option(train, "--target-return", Number(), metavar="R",
+               help="stop early once the mean return of the last 20 episodes reaches R (PPO; default: the "
+               "preset's solved threshold)")
+    add_option(train, "--confirm-episodes", Integer(min=0, max=100_000),
+               help="with --target-return, stop only once the deterministic policy also averages R over N "
+               "fresh episodes (0: trust the training episodes alone; default: 20; PPO only)")
+    add_option(train, "--checkpoint-every", Integer(min=1, max=10**9), default=100, metavar="UPDATES",
+               help="also checkpoint every this many updates (SAC: commits of --log-every env steps); every stop "
+               "writes one")
+    add_option(train, "--rolling-checkpoint-s", Seconds(max=86400.0), default=ROLLING_EVERY_S,
+               help="write the newest update in the background at most this often, so a kill -9 loses at most "
+               "about this long of training (0: every update)")
     add_config_arguments(train.add_argument_group("PPO hyperparameters (PPOConfig)"), PPOConfig)
     add_config_arguments(train.add_argument_group(
         "SAC hyperparameters (SACConfig, --algo sac; the PPO flags SAC shares, such as --gamma, --hidden-sizes and "
@@ -82,32 +101,33 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_config_arguments(train.add_argument_group(
         "hybrid units (HybridConfig, --modes hybrid [UNIT_MODES...]): learner replicas in step through "
         "torch.distributed; also runs under torchrun"), HybridConfig)
-    train.set_defaults(func=_train)
+    command(train, check=_train_check, run=_train)
 
+    run_dir = InputFolder(what="run folder", content="run-dir")
     switch = sub.add_parser(
         "switch", help="switch a running training job between co-located and decoupled execution",
         description="Ask the training job in RUN to move to another mode at its next update boundary; "
         "returns once the switch is complete and prints the pause.")
-    switch.add_argument("run", type=Path, metavar="RUN", help="run dir of a job started with `strata train`")
-    switch.add_argument("--to", required=True, metavar="MODE",
-                        help="target mode, one of the job's --modes (colocated, decoupled, fragments, functions, sync)")
-    switch.add_argument("--timeout", type=seconds, default=300.0, metavar="S",
-                        help="give up after this many seconds (default: %(default)s)")
-    switch.set_defaults(func=_switch)
+    add_option(switch, "run", run_dir, metavar="RUN", help="run dir of a job started with `strata train`")
+    add_option(switch, "--to", Name(), required=True, metavar="MODE",
+               help="target mode, one of the job's --modes (colocated, decoupled, fragments, functions, sync)")
+    add_option(switch, "--timeout", Seconds(max=86400.0, positive=True), default=300.0,
+               help="give up after this many seconds")
+    command(switch, check=_control_check, run=_switch)
 
     status = sub.add_parser(
         "status", help="show a running job's mode, step rate, return, policy version and last switch",
         description="Ask the training job in RUN for its status over its loopback control endpoint.")
-    status.add_argument("run", type=Path, metavar="RUN", help="run dir of a job started with `strata train`")
-    status.add_argument("--json", action="store_true", help="print the raw status as JSON")
-    status.set_defaults(func=_status)
+    add_option(status, "run", run_dir, metavar="RUN", help="run dir of a job started with `strata train`")
+    add_option(status, "--json", Switch(), default=False, help="print the raw status as JSON")
+    command(status, check=_control_check, run=_status)
 
     runs = sub.add_parser("runs", help="list training runs and whether they are running",
                           description="List the run dirs under ROOT with their state, step, version, return and mode.")
-    runs.add_argument("--root", type=Path, default=Path("runs"), metavar="ROOT",
-                      help="folder holding run dirs (default: %(default)s)")
-    runs.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
-    runs.set_defaults(func=_runs)
+    add_option(runs, "--root", InputFolder(what="folder of run dirs"), default=Path("runs"), metavar="ROOT",
+               help="folder holding run dirs")
+    add_option(runs, "--json", Switch(), default=False, help="print JSON lines instead of a table")
+    command(runs, check=_runs_check, run=_runs)
 
     export = sub.add_parser(
         "export",
@@ -116,62 +136,160 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "post-processing inside the graph, check it (onnx.checker; torch vs onnxruntime at batch 1 and 3) "
         "and write a signed policy bundle.",
     )
-    export.add_argument("--run", required=True, type=Path, metavar="DIR", help="run dir written by `strata train`")
-    export.add_argument("--out", required=True, type=Path, metavar="FILE", help="bundle file to write (.bundle)")
-    export.add_argument("--key", type=Path, default=None, metavar="KEYFILE",
-                        help="Ed25519 private key (PEM) to sign with; default: DIR/keys/strata-signing.key, "
-                        "generated on first use")
-    export.add_argument("--tier", default="any", choices=["edge", "device", "any"],
-                        help="tier the bundle targets (default: %(default)s); device distils a micro policy")
-    export.add_argument("--version", type=int, default=None, metavar="V",
-                        help="policy version (checkpoint) to export (default: the newest)")
-    export.add_argument("--policy", default=None, metavar="NAME", help="bundle policy name (default: from the env id)")
-    export.add_argument("--ttl-s", type=seconds, default=None, metavar="SECONDS",
-                        help="seconds until the bundle expires (default: never)")
-    export.add_argument("--weights", default="fp32", choices=["fp32", "fp16", "int8"],
-                        help="with --tier device: weight storage of the distilled micro policy (default: %(default)s)")
-    export.add_argument("--distill-steps", type=int, default=2000, metavar="N",
-                        help="with --tier device: env steps labelled by the teacher per DAgger iteration "
-                        "(default: %(default)s)")
-    export.set_defaults(func=_export)
+    add_option(export, "--run", run_dir, required=True, metavar="DIR", help="run dir written by `strata train`")
+    add_option(export, "--out", OutputFile(what="bundle file"), required=True, help="bundle file to write (.bundle)")
+    add_option(export, "--key", PRIVATE_KEY, metavar="KEYFILE",
+               help="Ed25519 private key (PEM) to sign with; default: DIR/keys/strata-signing.key, generated on "
+               "first use")
+    add_option(export, "--tier", Choice(values=("edge", "device", "any")), default="any",
+               help="tier the bundle targets; device distils a micro policy")
+    add_option(export, "--version", Integer(min=0, max=10**12), metavar="V",
+               help="policy version (checkpoint) to export (default: the newest)")
+    add_option(export, "--policy", Name(), metavar="NAME", help="bundle policy name (default: from the env id)")
+    add_option(export, "--ttl-s", Seconds(max=100 * 365 * 86400.0, positive=True),
+               help="seconds until the bundle expires (default: never)")
+    add_option(export, "--weights", Choice(values=("fp32", "fp16", "int8")),
+               help="with --tier device: weight storage of the distilled micro policy (default: fp32)")
+    add_option(export, "--distill-steps", Integer(min=1, max=10_000_000), metavar="N",
+               help="with --tier device: env steps labelled by the teacher per DAgger iteration (default: 2000)")
+    command(export, check=_export_check, run=_export)
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from cloud._demo import DemoConfig, run_demo
-    from device import config_from_args
-
-    return run_demo(config_from_args(DemoConfig, args))
+# ------------------------------------------------------------------------------------------------ demo
 
 
-def _train(args: argparse.Namespace) -> int:
-    from cloud.hybrid._cli import refuse_hybrid_flags, train_hybrid_from_args
-    from cloud.learners._ppo_config import PPOConfig
-    from cloud.runs._checkpoint import resumed_config
-    from cloud.runs._metrics import METRICS_FILE
+def _demo_check(args: argparse.Namespace) -> Any:
+    """The demo's settings, its dependencies and its report folder, before the first training step."""
+    from cloud._demo import DemoConfig
+    from device import ConfigError, config_from_args, require
+
+    given = [name for name in ("broker", "edge_nodes", "devices") if getattr(args, name) is not None]
+    if args.fleet is False and given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ConfigError(f"demo: {flags} set up the fleet stage, which --no-fleet leaves out; drop them or --no-fleet")
+    config = config_from_args(DemoConfig, args)
+    require("gymnasium", extra="cloud", purpose="the demo's simulators")
+    require("torch", extra="cloud", purpose="the demo's learner")
+    previous = Path(config.out) / "run"
+    if previous.exists() and not (previous / "metrics.jsonl").exists() and not (previous / "checkpoints").is_dir():
+        raise ConfigError(f"demo: {str(previous)!r} exists and is not a previous demo's run, which the demo "
+                          "replaces; choose another --out")
+    if config.functions == "aws":
+        from infra.aws import check_environment
+
+        check_environment()
+    return config
+
+
+def _demo(args: argparse.Namespace, config: Any) -> int:
+    from cloud._demo import run_demo
+
+    return run_demo(config)
+
+
+# ------------------------------------------------------------------------------------------------ train
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """What `strata train` was checked to run."""
+
+    learner: Literal["ppo", "sac", "hybrid"]
+    config: Any
+    """`PPOConfig` or `SACConfig`."""
+    switching: Any = None
+    rules: Any = None
+    unit: Any = None
+    """The hybrid `UnitSpec`."""
+
+
+def _train_check(args: argparse.Namespace) -> TrainPlan:
+    """Everything `strata train` can refuse, before anything is trained or written (the run dir is only read)."""
+    from cloud.hybrid._cli import check_hybrid_from_args, refuse_hybrid_flags
     from cloud.runs._presets import apply_preset
-    from cloud.runs._run import resume_command
-    from cloud.runs._stop import StopSignal
-    from cloud.runs._train import train
-    from cloud.switching._modes import SwitchingConfig
-    from cloud.switching._switcher import SwitchRules
-    from device import config_from_args
 
     _refuse_flags_of_the_other_algo(args)  # what was typed, before a preset fills in its values
     apply_preset(args)
     if args.confirm_episodes is None and args.algo == "ppo":  # None only tells SAC that it was not given
         args.confirm_episodes = 20
     if args.modes and args.modes[0] == "hybrid":
-        return train_hybrid_from_args(args)
+        return TrainPlan(learner="hybrid", config=None, unit=check_hybrid_from_args(args))
     refuse_hybrid_flags(args)
     if args.algo == "sac":
-        return _train_sac(args)
+        return _check_sac(args)
+    return _check_ppo(args)
+
+
+def _spec(args: argparse.Namespace, algo: str, *, caller: str = "train") -> Any:
+    from cloud.runs._run import RunSpec, resume_command
+
+    return RunSpec(algo=algo, env_id=args.env, run_dir=Path(args.run_dir), seed=args.seed,
+                   total_steps=args.total_steps, resume=args.resume, checkpoint_every=args.checkpoint_every,
+                   rolling_checkpoint_s=args.rolling_checkpoint_s, resume_command=resume_command(args), caller=caller)
+
+
+def _check_ppo(args: argparse.Namespace) -> TrainPlan:
+    from cloud.learners._ppo_config import PPOConfig
+    from cloud.rollout._envs import probe_spaces
+    from cloud.runs._checkpoint import latest_checkpoint, reading, resumed_config
+    from cloud.runs._run import open_run
+    from cloud.runs._train import TargetCheck
+    from cloud.switching._modes import SwitchingConfig, check_modes
+    from cloud.switching._switcher import SwitchRules
+    from device import config_from_args
+
     config = PPOConfig.from_flags(args, base=resumed_config(PPOConfig, args.run_dir) if args.resume else None)
+    switching = config_from_args(SwitchingConfig, args)
+    rules = config_from_args(SwitchRules, args)
+    spec = _spec(args, "ppo")
+    TargetCheck(args.target_return, args.confirm_episodes)
+    check_modes(config, switching, rules=rules)
+    state = open_run(spec, trim=False)  # fresh: the dir holds no run; resume: its checkpoint and logs read back
+    obs_space, action_space = probe_spaces(args.env)
+    if state is not None:
+        from cloud.learners._ppo import PPOLearner
+
+        with reading(latest_checkpoint(spec.run_dir)):
+            PPOLearner(obs_space, action_space, config, state)
+    return TrainPlan(learner="ppo", config=config, switching=switching, rules=rules)
+
+
+def _check_sac(args: argparse.Namespace) -> TrainPlan:
+    import dataclasses
+
+    from cloud.learners._sac import SACConfig, check_sac_action_space
+    from cloud.rollout._envs import probe_spaces
+    from cloud.runs._checkpoint import latest_checkpoint, reading
+    from cloud.runs._run import open_run
+    from device import config_from_args
+
+    config = config_from_args(SACConfig, args)
+    spec = _spec(args, "sac", caller="train_sac")
+    state = open_run(spec, also_taken=("policy.onnx",), trim=False)
+    if state is not None:  # the checkpoint's hyperparameters, unless flags override them
+        given = {f.name for f in dataclasses.fields(SACConfig) if getattr(args, f.name, None) is not None}
+        with reading(latest_checkpoint(spec.run_dir)):
+            config = dataclasses.replace(SACConfig.from_dict(state["config"]), **{k: getattr(config, k) for k in given})
+    check_sac_action_space(args.env, probe_spaces(args.env)[1])
+    return TrainPlan(learner="sac", config=config)
+
+
+def _train(args: argparse.Namespace, plan: TrainPlan) -> int:
+    from cloud.hybrid._cli import train_hybrid
+    from cloud.runs._metrics import METRICS_FILE
+    from cloud.runs._run import resume_command
+    from cloud.runs._stop import StopSignal
+    from cloud.runs._train import train
+
+    if plan.learner == "hybrid":
+        return train_hybrid(args, plan.unit)
+    if plan.learner == "sac":
+        return _train_sac(args, plan.config)
     try:
         result = train(env_id=args.env, total_steps=args.total_steps, run_dir=args.run_dir, seed=args.seed,
-                       config=config, resume=args.resume, target_return=args.target_return,
+                       config=plan.config, resume=args.resume, target_return=args.target_return,
                        confirm_episodes=args.confirm_episodes, checkpoint_every=args.checkpoint_every,
-                       rolling_checkpoint_s=args.rolling_checkpoint_s,
-                       switching=config_from_args(SwitchingConfig, args), rules=config_from_args(SwitchRules, args),
+                       rolling_checkpoint_s=args.rolling_checkpoint_s, switching=plan.switching, rules=plan.rules,
                        resume_command=resume_command(args))
     except StopSignal as stop:
         return stop.exit_status  # the stop line said where the checkpoint is
@@ -216,24 +334,12 @@ def _refuse_flags_of_the_other_algo(args: argparse.Namespace) -> None:
         raise ConfigError(f"train: --algo {args.algo} does not use {flags}: {why}")
 
 
-def _train_sac(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from cloud.learners._sac import SACConfig
-    from cloud.runs._checkpoint import latest_checkpoint, load_checkpoint
+def _train_sac(args: argparse.Namespace, config: Any) -> int:
+    from cloud.runs._checkpoint import latest_checkpoint
     from cloud.runs._run import resume_command
     from cloud.runs._sac_run import train_sac
     from cloud.runs._stop import StopSignal
-    from device import config_from_args
 
-    config = config_from_args(SACConfig, args)
-    newest = latest_checkpoint(args.run_dir) if args.resume else None
-    if newest is not None:  # the checkpoint's hyperparameters, unless flags override them
-        state = load_checkpoint(newest)
-        if state.get("algo") == "sac":  # else train_sac refuses with the reason
-            given = {f.name for f in dataclasses.fields(SACConfig) if getattr(args, f.name, None) is not None}
-            config = dataclasses.replace(SACConfig.from_dict(state["config"]),
-                                         **{k: getattr(config, k) for k in given})
     try:
         result = train_sac(config, env_id=args.env, run_dir=args.run_dir, seed=args.seed,
                            total_steps=args.total_steps, resume=args.resume, checkpoint_every=args.checkpoint_every,
@@ -247,21 +353,27 @@ def _train_sac(args: argparse.Namespace) -> int:
     return 0
 
 
-def _switch(args: argparse.Namespace) -> int:
+# ------------------------------------------------------------------------------------------------ running jobs
+
+
+def _control_check(args: argparse.Namespace) -> Any:
+    """The job's control endpoint (file and token) reads back; nothing is sent yet."""
     from cloud.switching._control import ControlClient
 
-    result = ControlClient.for_run(args.run).switch(args.to, timeout=args.timeout)
+    return ControlClient.for_run(args.run)
+
+
+def _switch(args: argparse.Namespace, client: Any) -> int:
+    result = client.switch(args.to, timeout=args.timeout)
     print(f"strata switch: {result['from_mode']} -> {result['to_mode']} at step {result['at_step']:,} "
           f"(policy version {result['at_version']}); pause {result['pause_s'] * 1000:.0f} ms")
     return 0
 
 
-def _status(args: argparse.Namespace) -> int:
+def _status(args: argparse.Namespace, client: Any) -> int:
     import json
 
-    from cloud.switching._control import ControlClient
-
-    status = ControlClient.for_run(args.run).status()
+    status = client.status()
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
@@ -281,7 +393,16 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _runs(args: argparse.Namespace) -> int:
+def _runs_check(args: argparse.Namespace) -> None:
+    from device import ConfigError
+
+    if args.root == Path("runs") and not args.root.exists():
+        return  # the default root: no runs yet is an answer, not an error
+    if not args.root.is_dir():
+        raise ConfigError(f"--root {str(args.root)!r} is not a folder; pass the folder that holds run dirs")
+
+
+def _runs(args: argparse.Namespace, checked: None) -> int:
     import json
 
     from cloud.switching._control import list_runs
@@ -303,16 +424,30 @@ def _runs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export(args: argparse.Namespace) -> int:
-    from cloud.runs._checkpoint import latest_checkpoint
-    from cloud.runs._export import export_run, write_bundle
-    from device import ConfigError, generate_keypair, load_signing_key
+# ------------------------------------------------------------------------------------------------ export
 
-    if latest_checkpoint(args.run) is None:  # before any key is generated into a dir that is not a run
-        raise ConfigError(f"--run {str(args.run)!r} has no checkpoints; train one first with "
-                          "`strata train --run-dir DIR ...`")
-    key_path: Path = args.key
-    if key_path is None:
+
+def _export_check(args: argparse.Namespace) -> Any:
+    """The checkpoint loads and its policy rebuilds; the key reads; the device flags fit the tier."""
+    from cloud.runs._export import check_export
+    from device import ConfigError, load_signing_key
+
+    device_only = [flag for flag, value in (("--weights", args.weights), ("--distill-steps", args.distill_steps))
+                   if value is not None]
+    if device_only and args.tier != "device":
+        raise ConfigError(f"export: {', '.join(device_only)} set how a micro policy is distilled and do nothing "
+                          f"with --tier {args.tier}; add --tier device or drop them")
+    state = check_export(args.run, args.version, device=args.tier == "device")
+    key = load_signing_key(args.key) if args.key is not None else None
+    return state, key
+
+
+def _export(args: argparse.Namespace, checked: Any) -> int:
+    from cloud.runs._export import export_run, write_bundle
+    from device import generate_keypair, load_signing_key
+
+    _, key = checked
+    if key is None:
         key_dir = args.run / "keys"
         key_path = key_dir / "strata-signing.key"
         if not key_path.exists():
@@ -321,11 +456,12 @@ def _export(args: argparse.Namespace) -> int:
                   "give it to consumers as --trust)")
         else:
             print(f"strata export: signing with the run's key {key_path}")
+        key = load_signing_key(key_path)
     if args.tier == "device":
         from cloud.runs._export import export_micro
 
-        return export_micro(args, load_signing_key(key_path))
-    result = export_run(args.run, signing_key=load_signing_key(key_path), version=args.version, policy=args.policy,
+        return export_micro(args, key)
+    result = export_run(args.run, signing_key=key, version=args.version, policy=args.policy,
                         target_tier=args.tier, ttl_s=args.ttl_s)
     write_bundle(args.out, result.bundle)
     m = result.bundle.manifest

@@ -34,7 +34,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from device import atomic_file, require, write_atomic
+from device import ConfigError, atomic_file, require, write_atomic
+from device._kinds import BROKER_URL, SEED
+from device._options import Integer, OutputFolder, check_fields, declared
 
 ENV_ID = "CartPole-v1"
 SOLVED_RETURN = 475.0
@@ -46,24 +48,30 @@ EVAL_EPISODES = 20
 class DemoConfig:
     """Settings of `strata demo`."""
 
-    out: str = "demo-report"
+    out: str = declared(OutputFolder(what="report folder"), "demo-report")
     """Report folder to write (its run/ sub-folder is replaced on every run)."""
-    seed: int = 0
+    seed: int = declared(SEED, 0)
     """Random seed for every stage."""
-    total_steps: int = 150_000
+    total_steps: int = declared(Integer(min=1, max=10**9), 150_000)
     """Env-step budget of the training stage; it stops earlier once solved."""
-    switch_at: int = 8_192
-    """Env steps after which the phase schedule moves training to the functions."""
+    switch_at: int = declared(Integer(min=1, max=10**9), 8_192)
+    """Env steps after which the phase schedule moves training to the functions (below --total-steps)."""
     functions: Literal["local", "aws"] = "local"
     """Where the decoupled phase's functions run: the embedded local runtime or AWS Lambda."""
-    broker: str | None = None
+    broker: str | None = declared(BROKER_URL, None)
     """MQTT broker URL for the fleet stage; None starts the embedded broker."""
-    edge_nodes: int = 3
+    edge_nodes: int = declared(Integer(min=1, max=32), 3)
     """Edge agents in the fleet stage."""
-    devices: int = 2
+    devices: int = declared(Integer(min=0, max=64), 2)
     """Terminal devices in the fleet stage."""
     fleet: bool = True
     """Run the export-to-fleet stages (False: train, export and evaluate only)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.switch_at >= self.total_steps:
+            raise ConfigError(f"demo: --switch-at {self.switch_at} is not below --total-steps {self.total_steps}, so "
+                              "training would never move to the functions; lower --switch-at or raise --total-steps")
 
 
 def _say(line: str) -> None:

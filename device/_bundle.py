@@ -64,6 +64,8 @@ SIGNATURE_CONTEXT = b"strata-bundle-v1\x00"
 MANIFEST_FORMAT = 1
 MAX_MANIFEST_BYTES = 256 * 1024
 MAX_MODEL_BYTES = 64 * 1024 * 1024
+MAX_STATE_BYTES = 1024 * 1024
+"""An anti-rollback state file (a version per policy) is far below this."""
 
 _HEAD = struct.Struct("<4sBB16sH")
 _U32 = struct.Struct("<I")
@@ -149,6 +151,28 @@ def space_to_json(space: Any) -> JSONDict:
         return {"type": "Box", "shape": [int(d) for d in space.shape], "dtype": str(np.dtype(space.dtype)),
                 "low": [_bound(v) for v in low.tolist()], "high": [_bound(v) for v in high.tolist()]}
     raise BundleFormatError(f"space_to_json: {space!r} is neither a Box (low/high) nor a Discrete (n) space")
+
+
+def spaces_mismatch(manifest: Manifest, observation_space: Any, action_space: Any) -> str | None:
+    """Why a policy of `manifest` cannot act on an env with these (gymnasium-like) spaces; None when it can.
+
+    Compares what the policy's graph takes and gives: the observation shape, the action type and its size
+    (``n`` or shape). Bounds may differ (a policy trained on one env version still runs on the next).
+    """
+    def shape_of(spec: Mapping[str, Any]) -> str:
+        if spec.get("type") == "Discrete":
+            return f"Discrete({spec.get('n')})"
+        return f"{spec.get('type')}{tuple(spec.get('shape') or ())}"
+
+    try:
+        env_obs, env_act = space_to_json(observation_space), space_to_json(action_space)
+    except BundleFormatError as exc:
+        return str(exc)
+    wanted = (manifest.observation_space, manifest.action_space)
+    for what, policy_spec, env_spec in (("observation", wanted[0], env_obs), ("action", wanted[1], env_act)):
+        if shape_of(policy_spec) != shape_of(env_spec):
+            return (f"the policy's {what} space is {shape_of(policy_spec)}, the env's is {shape_of(env_spec)}")
+    return None
 
 
 def space_bounds(space: Mapping[str, Any]) -> tuple[Any, Any]:
@@ -539,7 +563,11 @@ class Verifier:
         if path is None or not path.exists():
             return {}
         try:
-            obj = json.loads(path.read_text())
+            with path.open("rb") as f:
+                raw = f.read(MAX_STATE_BYTES + 1)
+            if len(raw) > MAX_STATE_BYTES:
+                raise ValueError(f"over {MAX_STATE_BYTES:,} bytes")
+            obj = json.loads(raw)
             highest = obj["highest_accepted"]
             if obj.get("format") != 1 or not isinstance(highest, dict) or not all(
                 isinstance(k, str) and _is_int(v) and v >= 1 for k, v in highest.items()
@@ -547,8 +575,9 @@ class Verifier:
                 raise ValueError("unexpected shape")
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             # Fail closed: forgetting the state would reopen every rollback.
-            raise VerifierStateError(f"Verifier: state file {path} is unreadable ({exc}); restore it or, if the "
-                                     "device was reset on purpose, delete it") from exc
+            why = shown(str(exc) or type(exc).__name__, 120)
+            raise VerifierStateError(f"Verifier: state file {shown(str(path))} is unreadable ({why}); restore it or, "
+                                     "if the device was reset on purpose, delete it") from exc
         return dict(highest)
 
     def _save_state(self, highest: Mapping[str, int]) -> None:

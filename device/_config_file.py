@@ -7,8 +7,11 @@ dataclass from three layers, each overriding the one before, and remember where 
 
 The file holds one table per group (``[broker]``, ``[identity]``, ...) and one key per config field, named as the
 field (the flag without its dashes). Relative paths in the file are read relative to the file, so a provisioning
-kit can be copied anywhere. An unknown table or key, a value of the wrong type or a missing required value is a
-`ConfigError` naming the key and the fix. Only the standard library is used (``tomllib``).
+kit can be copied anywhere. Every value of every layer goes through its field's declared kind
+(`device._options`): the key ``control_period_s = inf`` in a file, ``STRATA_EDGE_CONTROL_PERIOD_S=inf`` and
+``--control-period-s inf`` are refused by the same check, in one line naming the table and key, the variable or
+the flag. An unknown table, key or variable, or a missing required value, is a `ConfigError` naming the fix. Only
+the standard library is used (``tomllib``).
 """
 
 from __future__ import annotations
@@ -16,14 +19,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar, get_args, get_origin
+from typing import Any, Generic, TypeVar
 
 from device._errors import ConfigError
+from device._kinds import MAX_CONFIG_BYTES
+from device._names import shown
+from device._options import Kind, Refused, field_kind, is_path_kind, read_bounded, refusal
 
 T = TypeVar("T")
 
@@ -32,19 +36,18 @@ T = TypeVar("T")
 class ConfigLayout:
     """How one config dataclass is laid out in a file and in the environment.
 
+    Every field's kind is its declaration (`device._options.field_kind`); a path kind makes a relative path in the
+    file relative to the file.
+
     Args:
         cls: The frozen config dataclass.
         groups: Table name -> the fields it holds; every init field is in exactly one table.
         env_prefix: Prefix of the environment variables (``STRATA_EDGE_`` -> ``STRATA_EDGE_NODE_ID``).
-        paths: Fields that hold file paths (relative ones in a file are read relative to the file).
-        command: The command, for messages (``strata edge run``).
     """
 
     cls: type
     groups: Mapping[str, tuple[str, ...]]
     env_prefix: str
-    paths: frozenset[str]
-    command: str
 
     def __post_init__(self) -> None:
         fields = [f.name for f in dataclasses.fields(self.cls) if f.init]
@@ -52,9 +55,25 @@ class ConfigLayout:
         missing = sorted(set(fields) - set(placed))
         extra = sorted(set(placed) - set(fields))
         twice = sorted({n for n in placed if placed.count(n) > 1})
-        if missing or extra or twice:
+        undeclared = sorted(n for n in fields if self.kind(n) is None)
+        if missing or extra or twice or undeclared:
             raise ConfigError(f"ConfigLayout of {self.cls.__name__}: fields in no table {missing}, unknown "
-                              f"fields {extra}, fields in two tables {twice}")
+                              f"fields {extra}, fields in two tables {twice}, fields without a kind {undeclared}")
+
+    def kind(self, name: str) -> Kind | None:
+        """The declared kind of field `name`."""
+        f = next(f for f in dataclasses.fields(self.cls) if f.name == name)
+        return field_kind(self.cls, f)
+
+    @property
+    def paths(self) -> frozenset[str]:
+        """The fields that hold paths."""
+        return frozenset(n for names in self.groups.values() for n in names if is_path_kind(self._kind(n)))
+
+    def _kind(self, name: str) -> Kind:
+        kind = self.kind(name)
+        assert kind is not None  # __post_init__ refused undeclared fields
+        return kind
 
     def group_of(self, name: str) -> str:
         """The table that holds field `name`."""
@@ -75,106 +94,45 @@ class Layered(Generic[T]):
     """Field -> ``default``, ``file PATH``, ``env NAME`` or ``flag --name``."""
 
 
-def _hint(cls: type, name: str) -> Any:
-    hint = typing.get_type_hints(cls)[name]
-    if get_origin(hint) in (types.UnionType, typing.Union):
-        non_none = [a for a in get_args(hint) if a is not type(None)]
-        hint = non_none[0] if len(non_none) == 1 else str
-    return hint
-
-
-def _type_name(hint: Any) -> str:
-    origin = get_origin(hint)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in get_args(hint))
-    if origin is tuple:
-        return f"a list of {get_args(hint)[0].__name__}"
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
-
-
-def _coerce(hint: Any, value: Any) -> Any:
-    """`value` as the field's type, or raise TypeError."""
-    origin = get_origin(hint)
-    if origin is Literal:
-        if value in get_args(hint):
-            return value
-        raise TypeError
-    if origin is tuple:
-        if isinstance(value, list | tuple):
-            return tuple(_coerce(get_args(hint)[0], v) for v in value)
-        raise TypeError
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise TypeError
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise TypeError
-    if hint is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        raise TypeError
-    if hint is str and isinstance(value, str):
-        return value
-    raise TypeError
-
-
-def _from_env(hint: Any, text: str) -> Any:
-    """An environment variable's text as the field's type, or raise TypeError/ValueError."""
-    origin = get_origin(hint)
-    if origin is tuple:
-        return tuple(_from_env(get_args(hint)[0], part.strip()) for part in text.split(",") if part.strip())
-    if hint is bool:
-        lowered = text.strip().lower()
-        if lowered in ("1", "true", "yes", "on"):
-            return True
-        if lowered in ("0", "false", "no", "off"):
-            return False
-        raise ValueError
-    if hint is int:
-        return int(text)
-    if hint is float:
-        return float(text)
-    return _coerce(hint, text)
-
-
 def read_config_file(layout: ConfigLayout, path: Path) -> dict[str, Any]:
     """The fields set in the TOML file at `path` (validated; relative paths made relative to the file)."""
+    data = read_bounded(path, max_bytes=MAX_CONFIG_BYTES, what="config file")
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{layout.command}: cannot read config file {path}: {exc.strerror or exc}") from None
+        raw = tomllib.loads(data.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{layout.command}: {path} is not valid TOML: {exc}") from None
+        raise ConfigError(f"config file {shown(str(path))} is not valid TOML: {shown(str(exc), 200)}; fix "
+                          "the file (`strata edge config show` prints a valid one)") from None
     values: dict[str, Any] = {}
     for group, table in raw.items():
         if group not in layout.groups:
-            raise ConfigError(f"{layout.command}: {path}: unknown table [{group}]; the tables are "
-                              f"{', '.join(f'[{g}]' for g in layout.groups)}")
+            raise ConfigError(f"config file {shown(str(path))}: unknown table [{shown(group)[1:-1]}]; the "
+                              f"tables are {', '.join(f'[{g}]' for g in layout.groups)}")
         if not isinstance(table, dict):
-            raise ConfigError(f"{layout.command}: {path}: {group} must be a table ([{group}] with keys under it)")
+            raise ConfigError(f"config file {shown(str(path))}: {shown(group)[1:-1]} must be a table ([{group}] "
+                              "with keys under it)")
         for key, value in table.items():
             if key not in layout.groups[group]:
                 where = [g for g, names in layout.groups.items() if key in names]
                 fix = (f"it belongs in [{where[0]}]" if where
                        else f"the keys of [{group}] are {', '.join(layout.groups[group])}")
-                raise ConfigError(f"{layout.command}: {path}: unknown key {group}.{key}; {fix}")
-            hint = _hint(layout.cls, key)
-            try:
-                value = _coerce(hint, value)
-            except TypeError:
-                raise ConfigError(f"{layout.command}: {path}: {group}.{key} must be {_type_name(hint)}, got "
-                                  f"{value!r}") from None
-            if key in layout.paths:
+                raise ConfigError(f"config file {shown(str(path))}: unknown key {group}.{shown(key)[1:-1]}; "
+                                  f"{fix}")
+            kind = layout._kind(key)
+            if is_path_kind(kind):
                 value = _relative_to(path.parent, value)
-            values[key] = value
+            try:
+                values[key] = kind.coerce(value)
+            except Refused as exc:
+                raise refusal(f"config file {shown(str(path))}: [{group}] {key} =", value, str(exc)) from None
     return values
 
 
 def _relative_to(base: Path, value: Any) -> Any:
-    if isinstance(value, tuple):
-        return tuple(_relative_to(base, v) for v in value)
+    """A path (or a list of paths) from a file, relative to the file's folder; other values as they are."""
+    if isinstance(value, list | tuple):
+        return [_relative_to(base, v) for v in value]
+    if not isinstance(value, str) or not value or "\x00" in value:
+        return value  # the kind refuses it, naming the value as written
     p = Path(os.path.expanduser(value))
     return str(p if p.is_absolute() else (base / p))
 
@@ -187,14 +145,13 @@ def read_environment(layout: ConfigLayout, environ: Mapping[str, str]) -> dict[s
         if not var.startswith(layout.env_prefix):
             continue
         if var not in names:
-            raise ConfigError(f"{layout.command}: unknown environment variable {var}; the variables are "
+            raise ConfigError(f"unknown environment variable {shown(var)[1:-1]}; the variables are "
                               f"{layout.env_prefix}<KEY> for the keys of the config file (e.g. {next(iter(names))})")
         name = names[var]
-        hint = _hint(layout.cls, name)
         try:
-            values[name] = _from_env(hint, text)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{layout.command}: {var}={text!r} must be {_type_name(hint)}") from None
+            values[name] = layout._kind(name).parse(text)
+        except Refused as exc:
+            raise refusal(var, text, str(exc)) from None
     return values
 
 
@@ -225,12 +182,12 @@ def load_layered(layout: ConfigLayout, *, file: Path | None, environ: Mapping[st
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         name = missing[0]
-        raise ConfigError(f"{layout.command}: {layout.group_of(name)}.{name} is required: set it in the config file "
+        raise ConfigError(f"{layout.group_of(name)}.{name} is required: set it in the config file "
                           f"(--config), in {layout.env_name(name)} or with --{name.replace('_', '-')}")
     try:
         config = layout.cls(**values)
     except TypeError as exc:
-        raise ConfigError(f"{layout.command}: {exc}") from None
+        raise ConfigError(shown(str(exc), 200)) from None
     for f in dataclasses.fields(layout.cls):
         if f.init:
             sources.setdefault(f.name, "default")

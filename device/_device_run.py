@@ -49,8 +49,32 @@ from device._device_topics import DevicePayloadError, DeviceTopics, EscalationRe
 from device._errors import ConfigError, StrataError
 from device._executor import NumpyExecutor
 from device._keys import TrustStore
+from device._kinds import (
+    BROKER_URL,
+    CA_FILE,
+    CERT_FILE,
+    FLEET,
+    KEY_FILE,
+    MAX_BUNDLE_BYTES,
+    MAX_PASSWORD_BYTES,
+    NODE,
+    PASSWORD_FILE,
+    TRUST,
+)
 from device._mqtt import DeviceLink, LinkOptions, MqttLinkError, parse_broker
 from device._mqtt_access import mqtt_client_id
+from device._names import shown
+from device._options import (
+    Integer,
+    Name,
+    Number,
+    OutputFile,
+    Seconds,
+    Text,
+    check_fields,
+    declared,
+    read_bounded,
+)
 
 log = logging.getLogger("strata.device")
 
@@ -67,61 +91,54 @@ class DeviceConfig:
     """A terminal device: where its edge is, how it decides, and when it escalates."""
 
     # Link
-    broker: str = "mqtt://127.0.0.1:1883"
+    broker: str = declared(BROKER_URL, "mqtt://127.0.0.1:1883")
     """MQTT broker the edge node serves its devices on: ``mqtt://host:1883`` or ``mqtts://host:8883`` (TLS)."""
-    username: str | None = None
+    username: str | None = declared(Text(max_chars=256, what="a broker user name"), None)
     """Broker username (on a broker from `strata broker config --devices`: the device id)."""
-    password_file: str | None = None
+    password_file: str | None = declared(PASSWORD_FILE, None)
     """File holding the broker password (``credentials/DEVICE.password`` from `strata broker config`)."""
-    ca_file: str | None = None
+    ca_file: str | None = declared(CA_FILE, None)
     """CA certificate (PEM) that verifies a TLS broker; default: the system's CAs."""
-    cert_file: str | None = None
+    cert_file: str | None = declared(CERT_FILE, None)
     """Client certificate (PEM) for brokers that authenticate devices by certificate."""
-    key_file: str | None = None
+    key_file: str | None = declared(KEY_FILE, None)
     """Private key (PEM) of `cert_file`."""
-    fleet: str = "default"
+    fleet: str = declared(FLEET, "default")
     """Fleet name (topic segment)."""
-    edge_node: str = "edge-0"
+    edge_node: str = declared(NODE, "edge-0")
     """Id of the edge node this device belongs to."""
-    device_id: str = "device-0"
+    device_id: str = declared(Name(), "device-0")
     """This device's id; also its MQTT client id."""
-    trust: tuple[str, ...] = ()
+    trust: tuple[str, ...] = declared(TRUST, ())
     """Trusted public key files (PEM) that may sign device bundles."""
-    state_path: str | None = None
+    state_path: str | None = declared(OutputFile(what="anti-rollback state file"), None)
     """Anti-rollback state file (JSON); None keeps it in memory only."""
-    keepalive_s: int = 30
-    """MQTT keepalive."""
-    max_bundle_bytes: int = 256 * 1024
+    keepalive_s: int = declared(Integer(min=1, max=65535, unit="seconds"), 30)
+    """MQTT keepalive (MQTT carries it in two bytes)."""
+    max_bundle_bytes: int = declared(Integer(min=1024, max=MAX_BUNDLE_BYTES, unit="bytes"), 256 * 1024)
     """Largest device bundle accepted; a bigger message on the device-policy topic is refused unread (logged once)."""
 
     # Decisions
     confidence: Literal["margin", "entropy"] = "margin"
     """Confidence measure of a Discrete micro policy: probability margin or 1 - normalised entropy."""
-    threshold: float = 0.5
+    threshold: float = declared(Number(min=0.0, max=1.0), 0.5)
     """Escalate when the confidence is below this (0 never escalates for confidence)."""
-    budget_ms: float = 20.0
+    budget_ms: float = declared(Number(min=0.0, max=60_000.0, min_open=True, unit="milliseconds"), 20.0)
     """Latency budget of an escalation; past it the device acts on its own action."""
-    stale_after_s: float | None = None
+    stale_after_s: float | None = declared(Seconds(max=10 * 365 * 86400.0, positive=True), None)
     """A policy older than this (seconds since its bundle was created) is stale: every decision escalates."""
-    policy_wait_s: float = 10.0
+    policy_wait_s: float = declared(Seconds(max=86400.0), 10.0)
     """How long `strata device run` waits for the first micro policy."""
 
     def __post_init__(self) -> None:
+        check_fields(self)
         DeviceTopics(self.fleet, self.edge_node).request(self.device_id)  # validates the segments
-        if self.confidence not in ("margin", "entropy"):
-            raise ConfigError(f"DeviceConfig: confidence must be 'margin' or 'entropy', got {self.confidence!r}")
-        if not 0.0 <= self.threshold <= 1.0:
-            raise ConfigError(f"DeviceConfig: threshold must be in [0, 1], got {self.threshold}")
-        if not self.budget_ms > 0:
-            raise ConfigError(f"DeviceConfig: budget_ms must be > 0, got {self.budget_ms}")
         try:
             parse_broker(self.broker)
         except ValueError as exc:
             raise ConfigError(f"DeviceConfig: {exc}") from None
         if self.key_file and not self.cert_file:
             raise ConfigError("DeviceConfig: key_file without cert_file; pass --cert-file too, or drop --key-file")
-        if self.max_bundle_bytes < 1024:
-            raise ConfigError(f"DeviceConfig: max_bundle_bytes must be >= 1024, got {self.max_bundle_bytes}")
 
 
 def confidence_of(logits: np.ndarray, measure: str) -> float:
@@ -381,11 +398,12 @@ class DeviceReport:
 
 def read_password_file(path: str) -> str:
     """The broker password stored in `path` (surrounding whitespace removed); `ConfigError` naming the fix."""
+    data = read_bounded(Path(path), max_bytes=MAX_PASSWORD_BYTES, what="DeviceConfig: the broker password file")
     try:
-        return Path(path).read_text().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"DeviceConfig: cannot read the broker password file {path!r}: {exc}; pass the file "
-                          "`strata broker config --devices` wrote (credentials/DEVICE.password)") from None
+        return data.decode().strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"DeviceConfig: the broker password file {shown(str(path))} is not UTF-8 text; pass the "
+                          "file `strata broker config --devices` wrote (credentials/DEVICE.password)") from None
 
 
 class DeviceRuntime:

@@ -171,9 +171,15 @@ def generate_keypair(out_dir: Path | str, *, name: str = "strata-signing") -> tu
 
 def _read(path: Path, what: str, call: str) -> bytes:
     try:
-        return path.read_bytes()
+        if not path.is_file():
+            raise KeyFileError(f"{call}: {what} {shown(str(path))} is not a file (missing, a folder or a device)")
+        with path.open("rb") as f:
+            data = f.read(MAX_KEY_FILE_BYTES + 1)
     except OSError as exc:
-        raise KeyFileError(f"{call}: cannot read {what} {path}: {exc.strerror or exc}") from exc
+        raise KeyFileError(f"{call}: cannot read {what} {shown(str(path))}: {exc.strerror or exc}") from exc
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise KeyFileError(f"{call}: {what} {shown(str(path))} is over {MAX_KEY_FILE_BYTES:,} bytes, not a key file")
+    return data
 
 
 def load_signing_key(path: Path | str) -> SigningKey:
@@ -186,7 +192,8 @@ def load_signing_key(path: Path | str) -> SigningKey:
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as exc:
-        raise KeyFileError(f"load_signing_key: {p} is not an unencrypted PEM private key ({exc})") from exc
+        raise KeyFileError(f"load_signing_key: {shown(str(p))} is not an unencrypted PEM private key "
+                           f"({shown(str(exc), 120)})") from exc
     if not isinstance(key, Ed25519PrivateKey):
         raise KeyFileError(f"load_signing_key: {p} holds a {type(key).__name__}, expected an Ed25519 key")
     return SigningKey(key)

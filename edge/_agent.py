@@ -31,7 +31,33 @@ from typing import Any, Literal
 
 import numpy as np
 
-from device import Bundle, BundleError, RolloutBatch, TrustStore, load_public_key, mqtt_client_id, require
+from device import (
+    Bundle,
+    BundleError,
+    ConfigError,
+    RolloutBatch,
+    TrustStore,
+    load_public_key,
+    mqtt_client_id,
+    require,
+    shown,
+)
+from device._deps import make_env
+from device._kinds import CA_FILE, CERT_FILE, FLEET, KEY_FILE, MAX_PASSWORD_BYTES, NODE, PASSWORD_FILE, PUBLIC_KEY, SEED
+from device._options import (
+    EnvId,
+    Integer,
+    Many,
+    Name,
+    Number,
+    OutputFolder,
+    Seconds,
+    Text,
+    Url,
+    check_fields,
+    declared,
+    read_bounded,
+)
 from edge._cache import Phase, PolicyCache
 from edge._errors import CacheError, EdgeConfigError, EdgeError, PayloadError
 from edge._gateway import EdgeGateway, GatewayConfig
@@ -58,72 +84,78 @@ MAX_LATENCIES = 100_000
 MAX_TRACED_UPDATES = 64
 
 
+MAX_DURATION_S = 10 * 365 * 86400.0
+"""Ten years: a longer duration is a typo (and `time.monotonic() + inf` never ends)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class EdgeAgentConfig:
     """Settings of one edge agent (`strata edge run`)."""
 
     # where it lives
-    fleet: str
+    fleet: str = declared(FLEET)
     """Fleet name: the topic namespace strata/{fleet}/."""
-    node_id: str
+    node_id: str = declared(NODE)
     """This node's id; its MQTT client id is ``{fleet}.{node_id}`` (stable, so the persistent session is kept)."""
-    cache_dir: str
-    """Folder of the A/B policy cache, the anti-rollback state and the telemetry outbox."""
-    trust: tuple[str, ...]
+    cache_dir: str = declared(OutputFolder(what="cache folder"))
+    """Folder of the A/B policy cache, the anti-rollback state and the telemetry outbox (its parent must exist)."""
+    trust: tuple[str, ...] = declared(Many(item=PUBLIC_KEY, min_items=1))
     """Public key files (PEM) whose signatures are trusted."""
-    env: str = "CartPole-v1"
+    env: str = declared(EnvId(), "CartPole-v1")
     """Gymnasium env id of the local simulator."""
-    policy: str | None = None
+    policy: str | None = declared(Name(), None)
     """Policy to follow; None follows whichever policy the fleet announces last."""
     serve_devices: bool = False
     """Also serve this node's terminal devices (edge._gateway): answer their escalations with the running
     policy and relay device bundles to them."""
 
     # the broker
-    broker: str | None = None
+    broker: str | None = declared(Url(schemes=("mqtt", "mqtts", "tcp", "ssl"), credentials=True), None)
     """Broker URL (mqtt://host:1883, mqtts://host:8883); None runs on the cached policy only."""
-    username: str | None = None
+    username: str | None = declared(Text(max_chars=256, what="a broker user name"), None)
     """Broker username (Mosquitto password file)."""
-    password_file: str | None = None
+    password_file: str | None = declared(PASSWORD_FILE, None)
     """File holding the broker password."""
-    ca_file: str | None = None
+    ca_file: str | None = declared(CA_FILE, None)
     """CA bundle of the broker's TLS certificate (AWS IoT: AmazonRootCA1.pem)."""
-    cert_file: str | None = None
+    cert_file: str | None = declared(CERT_FILE, None)
     """Client certificate for TLS (AWS IoT thing certificate)."""
-    key_file: str | None = None
+    key_file: str | None = declared(KEY_FILE, None)
     """Private key of the client certificate."""
 
     # how long
-    steps: int | None = None
+    steps: int | None = declared(Integer(min=0, max=10**12), None)
     """Stop after this many simulator steps (None: no step limit)."""
-    duration: float | None = None
+    duration: float | None = declared(Seconds(max=MAX_DURATION_S), None)
     """Stop after this many seconds (None: run until interrupted)."""
-    control_period_s: float = 0.0
+    control_period_s: float = declared(Seconds(max=3600.0), 0.0)
     """Seconds between decisions, like a real control loop (0: as fast as possible)."""
-    seed: int = 0
+    seed: int = declared(SEED, 0)
     """Simulator seed."""
 
     # health check of a new policy
-    health_deadline_s: float = 10.0
+    health_deadline_s: float = declared(Seconds(max=3600.0, positive=True), 10.0)
     """The health check of a new policy must pass within this many seconds."""
-    health_latency_budget_ms: float = 20.0
+    health_latency_budget_ms: float = declared(Number(min=0.0, max=60_000.0, min_open=True, unit="milliseconds"),
+                                               20.0)
     """p99 inference latency a new policy may take."""
-    health_min_return: float | None = None
+    health_min_return: float | None = declared(Number(), None)
     """Minimum mean return on the local simulator (None: not checked)."""
-    health_episodes: int = 1
+    health_episodes: int = declared(Integer(min=1, max=1000), 1)
     """Simulator episodes for the minimum-return check."""
 
     # reporting
-    telemetry_interval_s: float = 1.0
+    telemetry_interval_s: float = declared(Seconds(max=86400.0, positive=True), 1.0)
     """Seconds between telemetry records."""
-    experience_steps: int = 0
+    experience_steps: int = declared(Integer(min=0, max=1_000_000), 0)
     """Steps of edge-collected experience per record for the learner (0: none)."""
-    outbox_max_records: int = 100_000
+    outbox_max_records: int = declared(Integer(min=1, max=10**9), 100_000)
     """Outbox capacity in records."""
     outbox_overflow: Literal["drop_oldest", "drop_newest"] = "drop_oldest"
     """What a full outbox drops; drops are counted and reported."""
 
     def __post_init__(self) -> None:
+        check_fields(self)
         check_segment(self.fleet, "fleet")
         check_segment(self.node_id, "node id")
         if self.policy is not None:
@@ -133,12 +165,9 @@ class EdgeAgentConfig:
         if not self.trust:
             raise EdgeConfigError("EdgeAgentConfig: trust is empty; pass the public key that signs the fleet's "
                                   "bundles (--trust strata-signing.pub)")
-        if (self.steps is not None and self.steps < 0) or (self.duration is not None and self.duration < 0):
-            raise EdgeConfigError(f"EdgeAgentConfig: steps={self.steps} and duration={self.duration} must be >= 0")
-        if self.telemetry_interval_s <= 0 or self.control_period_s < 0 or self.experience_steps < 0:
-            raise EdgeConfigError(f"EdgeAgentConfig: telemetry_interval_s={self.telemetry_interval_s} must be > 0, "
-                                  f"control_period_s={self.control_period_s} and experience_steps="
-                                  f"{self.experience_steps} >= 0")
+        if self.key_file and not self.cert_file:
+            raise EdgeConfigError("EdgeAgentConfig: key_file without cert_file; pass --cert-file too, or drop "
+                                  "--key-file")
 
     def health(self) -> HealthConfig:
         """The health-check settings."""
@@ -231,12 +260,7 @@ class EdgeAgent:
                                   f"{self.config.cache_dir!r}: {exc}; pass a writable folder") from None
 
     def _default_env(self) -> Any:
-        gym = require("gymnasium", extra="edge", purpose="the edge simulators")
-        try:
-            return gym.make(self.config.env)
-        except gym.error.Error as exc:
-            raise EdgeConfigError(f"--env {self.config.env!r} cannot be made: {exc}; pass a registered gymnasium "
-                                  "env id such as CartPole-v1") from None
+        return make_env(self.config.env, command="strata edge run", extra="edge")
 
     def _check_env(self) -> None:
         gym = require("gymnasium", extra="edge", purpose="the edge simulators")
@@ -722,10 +746,12 @@ class EdgeAgent:
 def read_password_file(path: str | Path) -> str:
     """The broker password stored in `path` (surrounding whitespace removed); `EdgeConfigError` if unreadable."""
     try:
-        return Path(path).read_text().strip()
-    except OSError as exc:
-        raise EdgeConfigError(f"cannot read the broker password file {str(path)!r}: {exc.strerror or exc}; "
-                              "pass a file written by `strata broker config` (credentials/USER.password)") from None
+        return read_bounded(Path(path), max_bytes=MAX_PASSWORD_BYTES, what="the broker password file").decode().strip()
+    except (ConfigError, UnicodeDecodeError) as exc:
+        raise EdgeConfigError(f"{exc}; pass a file written by `strata broker config` (credentials/USER.password)"
+                              if isinstance(exc, ConfigError) else
+                              f"the broker password file {shown(str(path))} is not UTF-8 text; pass a file written "
+                              "by `strata broker config` (credentials/USER.password)") from None
 
 
 def _check_cache_dir(path: Path) -> None:

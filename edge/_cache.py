@@ -50,7 +50,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from device import Bundle, BundleError, RollbackError, TrustStore, Verifier, VerifierStateError, write_atomic
+from device import (
+    Bundle,
+    BundleError,
+    ConfigError,
+    RollbackError,
+    TrustStore,
+    Verifier,
+    VerifierStateError,
+    write_atomic,
+)
+from device._kinds import MAX_BUNDLE_BYTES
+from device._options import read_bounded
 from edge._errors import CacheError
 
 log = logging.getLogger("strata.edge.cache")
@@ -58,6 +69,8 @@ log = logging.getLogger("strata.edge.cache")
 Slot = Literal["a", "b"]
 Phase = Literal["staged", "committed", "discarded"]
 MAX_REJECTED = 64
+MAX_POINTER_BYTES = 64 * 1024
+"""pointer.json is ~120 bytes; a bigger one is damage, refused unread."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,8 @@ class Pointer:
     def from_json(cls, data: bytes) -> Pointer:
         """Parse; raise ValueError when malformed."""
         obj = json.loads(data)
+        if not isinstance(obj, dict):
+            raise ValueError(f"a JSON {type(obj).__name__}, not an object")
         if obj.get("format") != 1 or obj.get("active") not in ("a", "b") or obj.get("previous") not in (
                 "a", "b", None) or obj.get("state") not in ("committed", "trial"):
             raise ValueError(f"unexpected pointer {obj!r}")
@@ -182,11 +197,13 @@ class PolicyCache:
     def _read_slot(self, slot: Slot) -> Bundle | None:
         path = self.slot_path(slot)
         try:
-            data = path.read_bytes()
+            if not path.exists():
+                return None
+            data = read_bounded(path, max_bytes=MAX_BUNDLE_BYTES, what=f"slot {slot}")
             bundle = self._integrity.verify(data)
         except FileNotFoundError:
             return None
-        except (OSError, BundleError) as exc:
+        except (OSError, BundleError, ConfigError) as exc:
             self._note(f"slot {slot} unusable: {exc}")
             return None
         if self.is_rejected(bundle):
@@ -196,10 +213,12 @@ class PolicyCache:
 
     def _read_pointer(self) -> Pointer | None:
         try:
-            return Pointer.from_json(self.pointer_path.read_bytes())
+            if not self.pointer_path.exists():
+                return None
+            return Pointer.from_json(read_bounded(self.pointer_path, max_bytes=MAX_POINTER_BYTES, what="pointer.json"))
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # ConfigError is a ValueError
             self._note(f"pointer.json unreadable ({exc}); falling back to the newest committed slot")
             return None
 
@@ -304,7 +323,9 @@ class PolicyCache:
             path = self.root / "rejected.json"
             found: dict[str, str] = {}
             try:
-                obj = json.loads(path.read_bytes())
+                if not path.exists():
+                    raise FileNotFoundError(path)
+                obj = json.loads(read_bounded(path, max_bytes=MAX_POINTER_BYTES * 64, what="rejected.json"))
                 if not isinstance(obj, dict):
                     raise ValueError(f"a JSON {type(obj).__name__}, not an object")
                 found = {str(k): str(v) for k, v in obj.items()}
@@ -371,3 +392,29 @@ class PolicyCache:
         p = self._pointer
         return {"pointer": None if p is None else json.loads(p.to_json()), "events": self.events[-20:],
                 "repairs": list(self.repairs)}
+
+
+def peek_active(root: Path, *, trust: TrustStore, tier: str = "edge") -> Bundle | None:
+    """The bundle a cache folder would run, read without writing anything (for `strata edge config check`).
+
+    The pointer's active slot when it verifies, else any slot that does; None for an empty or unusable cache
+    (`PolicyCache.load` then repairs what it can when the agent starts).
+    """
+    root = Path(root)
+    verifier = Verifier(trust=trust, tier=tier)
+    pointer_path = root / "pointer.json"
+    order: list[Slot] = ["a", "b"]
+    try:
+        if pointer_path.exists():
+            active = Pointer.from_json(read_bounded(pointer_path, max_bytes=MAX_POINTER_BYTES, what="pointer.json"))
+            order = [active.active, "b" if active.active == "a" else "a"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        pass
+    for slot in order:
+        path = root / "slots" / f"{slot}.bundle"
+        try:
+            if path.exists():
+                return verifier.verify(read_bounded(path, max_bytes=MAX_BUNDLE_BYTES, what=f"slot {slot}"))
+        except (OSError, BundleError, ConfigError):
+            continue
+    return None

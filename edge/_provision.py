@@ -49,8 +49,6 @@ EDGE_LAYOUT = ConfigLayout(
         "telemetry": ("telemetry_interval_s", "experience_steps", "outbox_max_records", "outbox_overflow"),
     },
     env_prefix="STRATA_EDGE_",
-    paths=frozenset({"trust", "cache_dir", "password_file", "ca_file", "cert_file", "key_file"}),
-    command="strata edge",
 )
 
 KIT_CONFIG = "edge.toml"

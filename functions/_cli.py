@@ -1,8 +1,12 @@
-"""Functions-tier commands."""
+"""Functions-tier commands: `strata envs serve` (the gRPC env service) and `strata functions serve`."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+FUNCTION_FORM = ("NAME=module.handler[,timeout=S,memory=MB,concurrency=N,versions=1+2,alias=NAME:VERSION,"
+                 "on-failure=ARN,retries=N]")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -15,7 +19,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _register_functions(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`strata functions serve`: the local function runtime (Lambda's Invoke API on loopback)."""
-    from device import finite_float, seconds
+    from device._config import add_option, command
+    from device._kinds import STAGE
+    from device._options import Host, Integer, Many, Matching, Number, Port, Seconds, Switch, Url
 
     functions = sub.add_parser("functions", help="serverless env functions: the local Lambda-compatible runtime")
     fsub = functions.add_subparsers(dest="functions_command", metavar="SUBCOMMAND", required=True)
@@ -24,72 +30,76 @@ def _register_functions(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         description="Serve functions over Lambda's Invoke API (POST /2015-03-31/functions/NAME/invocations) with "
         "warm awslambdaric worker processes. Without --function it serves strata-rollout "
         "(functions._handlers.rollout_handler) and strata-ping.")
-    serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
-    serve.add_argument("--port", type=int, default=9001, help="TCP port; 0 picks a free one (default: %(default)s)")
-    serve.add_argument("--function", action="append", default=[], metavar="NAME=HANDLER[,OPT=V...]",
-                       help="a function to serve: NAME=module.handler with optional ,timeout=S ,memory=MB "
-                       ",concurrency=N ,versions=1+2 ,alias=NAME:VERSION (a published version or $LATEST) "
-                       ",on-failure=SQS_QUEUE_ARN ,retries=N (0-2, for Event invocations) (repeatable)")
-    serve.add_argument("--from-endpoint", metavar="URL", help="read a deployment back from this AWS endpoint "
-                       "(provided by the infra tier)")
-    serve.add_argument("--stage", default=None, help="deployment stage to serve, with --from-endpoint only "
-                       "(default: dev)")
-    serve.add_argument("--throttle-rate", type=finite_float, default=0.0,
-                       help="fault: fraction of invocations answered 429")
-    serve.add_argument("--duplicate-rate", type=finite_float, default=0.0,
-                       help="fault: fraction of Event invocations delivered twice")
-    serve.add_argument("--cold-start-delay", type=seconds, default=0.0, metavar="S",
-                       help="fault: extra seconds each new worker takes to start")
-    serve.add_argument("--crash-rate", type=finite_float, default=0.0,
-                       help="fault: fraction of invocations whose worker is killed mid-invocation")
-    serve.add_argument("--service-error-rate", type=finite_float, default=0.0,
-                       help="fault: fraction of invocations answered 500 ServiceException")
-    serve.add_argument("--no-memory-limit", action="store_true", help="do not apply RLIMIT_AS to workers")
-    serve.add_argument("--account-concurrency", type=int, default=1000,
-                       help="concurrent executions across all functions; more get 429 (default: %(default)s)")
-    serve.add_argument("--idle-timeout", type=seconds, default=900.0, metavar="S",
-                       help="stop a warm worker idle this long, like a reclaimed Lambda environment "
-                       "(default: %(default)s)")
-    serve.set_defaults(func=_serve_functions)
+    rate = Number(min=0.0, max=1.0)
+    add_option(serve, "--host", Host(), default="127.0.0.1", help="interface to listen on")
+    add_option(serve, "--port", Port(), default=9001, help="TCP port; 0 picks a free one")
+    add_option(serve, "--function",
+               Many(item=Matching(pattern=r"[A-Za-z0-9_-]{1,64}=[A-Za-z_][A-Za-z0-9_.]*(,[a-z-]+=[^,]*)*",
+                                  words=FUNCTION_FORM, example="f=functions._handlers.ping_handler")),
+               takes="repeat", metavar="NAME=HANDLER[,OPT=V...]",
+               help="a function to serve: NAME=module.handler with optional ,timeout=S ,memory=MB "
+               ",concurrency=N ,versions=1+2 ,alias=NAME:VERSION (a published version or $LATEST) "
+               ",on-failure=SQS_QUEUE_ARN ,retries=N (0-2, for Event invocations) (repeatable)")
+    add_option(serve, "--from-endpoint", Url(schemes=("http", "https"), path=True),
+               help="read a deployment back from this AWS endpoint (provided by the infra tier)")
+    add_option(serve, "--stage", STAGE, help="deployment stage to serve, with --from-endpoint only (default: dev)")
+    add_option(serve, "--throttle-rate", rate, default=0.0, help="fault: fraction of invocations answered 429")
+    add_option(serve, "--duplicate-rate", rate, default=0.0,
+               help="fault: fraction of Event invocations delivered twice")
+    add_option(serve, "--cold-start-delay", Seconds(max=900.0), default=0.0,
+               help="fault: extra seconds each new worker takes to start")
+    add_option(serve, "--crash-rate", rate, default=0.0,
+               help="fault: fraction of invocations whose worker is killed mid-invocation")
+    add_option(serve, "--service-error-rate", rate, default=0.0,
+               help="fault: fraction of invocations answered 500 ServiceException")
+    add_option(serve, "--no-memory-limit", Switch(), default=False, help="do not apply RLIMIT_AS to workers")
+    add_option(serve, "--account-concurrency", Integer(min=1, max=100_000), default=1000,
+               help="concurrent executions across all functions; more get 429")
+    add_option(serve, "--idle-timeout", Seconds(max=7 * 86400.0, positive=True), default=900.0,
+               help="stop a warm worker idle this long, like a reclaimed Lambda environment")
+    command(serve, check=_serve_check, run=_serve_functions)
 
 
-def _serve_functions(args: argparse.Namespace) -> int:
-    import json
-    import signal
-
-    from device._names import identifier, shown
+def _serve_check(args: argparse.Namespace) -> Any:
+    """Everything before anything is read or started; options that would do nothing here are refused."""
+    from device._names import shown
     from functions._errors import RuntimeConfigError
-    from functions._runtime import (
-        DEFAULT_FUNCTIONS,
-        FaultConfig,
-        FunctionSource,
-        LocalRuntime,
-        RuntimeConfig,
-        SourceTreeFunctions,
-        endpoint_source,
-        parse_function_option,
-    )
+    from functions._runtime import FaultConfig, RuntimeConfig, parse_function_option
 
-    # Everything is checked before anything is read or started. Options that would do nothing in this
-    # combination are refused, not ignored.
     if args.stage is not None and not args.from_endpoint:
         raise RuntimeConfigError(f"--stage {shown(args.stage)} names a deployed stage and does nothing without "
                                  "--from-endpoint URL; drop it, or add --from-endpoint")
     if args.function and args.from_endpoint:
         raise RuntimeConfigError(f"--function {shown(args.function[0])} does nothing with --from-endpoint, which "
                                  "serves the stage's deployed functions; drop one of them")
-    stage = identifier("dev" if args.stage is None else args.stage, what="--stage")
     faults = FaultConfig(throttle_rate=args.throttle_rate, duplicate_rate=args.duplicate_rate,
                          cold_start_delay_s=args.cold_start_delay, crash_rate=args.crash_rate,
                          service_error_rate=args.service_error_rate)
     config = RuntimeConfig(host=args.host, port=args.port, enforce_memory=not args.no_memory_limit,
                            account_concurrency=args.account_concurrency, idle_timeout_s=args.idle_timeout)
+    specs = [parse_function_option(text) for text in args.function or ()]
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise RuntimeConfigError(f"--function names {shown(twice)} twice; give each function once")
+    return faults, config, specs
+
+
+def _serve_functions(args: argparse.Namespace, checked: Any) -> int:
+    import json
+    import signal
+
+    from device._names import shown
+    from functions._errors import RuntimeConfigError
+    from functions._runtime import DEFAULT_FUNCTIONS, FunctionSource, LocalRuntime, SourceTreeFunctions, endpoint_source
+
+    faults, config, specs = checked
+    stage = "dev" if args.stage is None else args.stage
     source: FunctionSource
     if args.from_endpoint:
         source = endpoint_source(args.from_endpoint, stage)
     else:
-        specs = [parse_function_option(text) for text in args.function] or list(DEFAULT_FUNCTIONS)
-        source = SourceTreeFunctions(specs)
+        source = SourceTreeFunctions(specs or list(DEFAULT_FUNCTIONS))
     try:
         names = source.names()  # a dead endpoint fails here, as one error line
         if not names:  # a stage that is not deployed there (a typo, another account or region)

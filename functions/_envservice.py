@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from device import RolloutBatch, StrataError, pack_arrays, require, space_bounds, space_to_json, unpack_arrays
+from device._kinds import SEED, TRUST
+from device._options import EnvId, Host, HostPort, Integer, Name, Port, Seconds, check_fields, declared
 from functions._codec import CodecError, available_codecs, decode_bytes, encode_bytes
 from functions._errors import FunctionsError
 
@@ -57,26 +59,33 @@ class ServiceUnavailableError(EnvServiceError):
 class EnvServiceConfig:
     """How `strata envs serve` hosts its simulators."""
 
-    env: str = "CartPole-v1"
+    env: str = declared(EnvId(), "CartPole-v1")
     """gymnasium env id each simulator is made from."""
-    envs: int = 8
+    envs: int = declared(Integer(min=1, max=4096), 8)
     """K: simulators hosted by this service."""
-    host: str = "127.0.0.1"
+    host: str = declared(Host(), "127.0.0.1")
     """Address to listen on (loopback by default)."""
-    port: int = 0
+    port: int = declared(Port(), 0)
     """TCP port; 0 picks a free one (printed on start)."""
-    seed: int = 0
+    seed: int = declared(SEED, 0)
     """Base seed: env i is reset with seed + i, and policy sampling is seeded from it."""
-    max_workers: int = 4
+    max_workers: int = declared(Integer(min=1, max=256), 4)
     """gRPC handler threads."""
-    compress_above: int = 65536
+    compress_above: int = declared(Integer(min=0, max=1 << 31, unit="bytes"), 65536)
     """Replies whose raw tensors exceed this many bytes are compressed (zlib, or lz4 if installed)."""
-    param_server: str = ""
+    param_server: str = declared(HostPort(empty=True), "")
     """HOST:PORT of a parameter server to pull the policy bundle from (empty: wait for SetPolicy)."""
-    policy: str = ""
+    policy: str = declared(Name(empty=True), "")
     """Policy name on the parameter server."""
-    trust: tuple[str, ...] = ()
+    trust: tuple[str, ...] = declared(TRUST, ())
     """Public keys (PEM) policy bundles must be signed by; empty: bundles are parsed, not verified."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if bool(self.param_server) != bool(self.policy):
+            raise EnvServiceError("EnvServiceConfig: param_server and policy go together (the service pulls POLICY "
+                                  "from PARAM_SERVER); pass both --param-server HOST:PORT and --policy NAME, or "
+                                  "neither")
 
 
 def space_from_json(spec: Mapping[str, Any]) -> Any:
@@ -173,16 +182,21 @@ class EnvService:
         grpc = require("grpc", extra="functions", purpose="the env service")
         from functions._proto import strata_env_pb2_grpc
 
+        # so_reuseport off: a port another process serves is an error here, not two services sharing it.
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.config.max_workers),
                              options=[("grpc.max_receive_message_length", 64 << 20),
-                                      ("grpc.max_send_message_length", 64 << 20)])
+                                      ("grpc.max_send_message_length", 64 << 20), ("grpc.so_reuseport", 0)])
         strata_env_pb2_grpc.add_EnvServiceServicer_to_server(  # type: ignore[no-untyped-call]
             _Servicer(self), server)
         self._health = _add_health(server)
-        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        try:
+            self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        except RuntimeError:  # grpcio raises where older versions returned 0
+            self.port = 0
         if self.port == 0:
-            raise EnvServiceError(f"EnvService.start: cannot bind {self.config.host}:{self.config.port}; "
-                                  "pick a free port or pass port=0")
+            server.stop(None)
+            raise EnvServiceError(f"EnvService.start: cannot bind {self.config.host}:{self.config.port} (in use, or "
+                                  "not an address of this host); pick a free port or pass --port 0")
         server.start()
         self._server = server
         if self.config.param_server:
@@ -631,7 +645,8 @@ def serve(config: EnvServiceConfig, *, duration_s: float = 0.0, announce: Callab
 
 def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `strata envs serve` to the root parser."""
-    from device import add_config_arguments, seconds
+    from device import add_config_arguments
+    from device._config import add_option, command
 
     envs = sub.add_parser("envs", help="env simulators as gRPC services",
                           description="Host env simulators behind the strata env service (gRPC).")
@@ -640,12 +655,21 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                                   description="Host K gymnasium envs behind gRPC: per-step, batched and "
                                   "rollout-fragment calls, with grpc.health.v1. Prints HOST:PORT when ready.")
     add_config_arguments(serve_p, EnvServiceConfig)
-    serve_p.add_argument("--duration", type=seconds, default=0.0, metavar="SECONDS",
-                         help="stop after this many seconds (default: 0, run until interrupted)")
-    serve_p.set_defaults(func=_serve_command)
+    add_option(serve_p, "--duration", Seconds(max=10 * 365 * 86400.0), default=0.0,
+               help="stop after this many seconds (0: run until interrupted)")
+    command(serve_p, check=_serve_check, run=_serve_command)
 
 
-def _serve_command(args: argparse.Namespace) -> int:
+def _serve_check(args: argparse.Namespace) -> EnvServiceConfig:
     from device import config_from_args
 
-    return serve(config_from_args(EnvServiceConfig, args), duration_s=args.duration)
+    config = config_from_args(EnvServiceConfig, args)
+    if config.trust:  # the trusted keys are read when the service starts; refuse a bad one before
+        from device import TrustStore
+
+        TrustStore.from_paths(config.trust)
+    return config
+
+
+def _serve_command(args: argparse.Namespace, config: EnvServiceConfig) -> int:
+    return serve(config, duration_s=args.duration)

@@ -662,8 +662,17 @@ class LocalRuntime:
 
     # -- lifecycle --
     def start(self) -> LocalRuntime:
-        """Bind and serve in a background thread; returns self."""
-        self._server = _QuietServer((self.config.host, self.config.port), _make_api_handler(self))
+        """Bind and serve in a background thread; returns self.
+
+        Raises:
+            RuntimeConfigError: The address cannot be bound (the port is in use, or the host is not this machine's).
+        """
+        try:
+            self._server = _QuietServer((self.config.host, self.config.port), _make_api_handler(self))
+        except (OSError, OverflowError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise RuntimeConfigError(f"functions serve: cannot listen on {self.config.host}:{self.config.port}: "
+                                     f"{why}; pick a free --port (0 picks one) or another --host") from None
         threading.Thread(target=self._server.serve_forever, name="lambda-api", daemon=True).start()
         return self
 

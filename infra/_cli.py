@@ -23,8 +23,12 @@ DEFAULT_STATE_DIR = ".strata/infra"
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the infra tier's commands to the root parser."""
     from device import add_config_arguments
+    from device._config import add_option, command
+    from device._kinds import STAGE, TRUST
+    from device._options import OutputFile, OutputFolder, Switch
     from infra._models import DeployConfig
     from infra._readback import register as register_readback
+    from infra.aws import REGION
 
     register_readback()  # `strata functions serve --from-endpoint` reads deployments through infra
 
@@ -34,51 +38,52 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmds = infra.add_subparsers(dest="infra_command", metavar="ACTION", required=True)
 
     def common(p: argparse.ArgumentParser, *, full: bool) -> None:
-        p.add_argument("--state-dir", default=DEFAULT_STATE_DIR,
-                       help="folder of the stage state files and node credentials (default: %(default)s)")
+        add_option(p, "--state-dir", OutputFolder(what="state folder", parents=True), default=DEFAULT_STATE_DIR,
+                   as_path=False, help="folder of the stage state files and node credentials (created with its "
+                   "parents)")
         if full:
             add_config_arguments(p, DeployConfig)
         else:
-            p.add_argument("--stage", required=True, help="stage name")
-            p.add_argument("--region", default=None, help="AWS region (default: where the stage is deployed, "
-                           "else AWS_REGION / AWS_DEFAULT_REGION / the profile's; printed with the reason)")
+            add_option(p, "--stage", STAGE, required=True, help="stage name")
+            add_option(p, "--region", REGION, help="AWS region (default: where the stage is deployed, else "
+                       "AWS_REGION / AWS_DEFAULT_REGION / the profile's; printed with the reason)")
 
     plan = cmds.add_parser("plan", help="print what apply would change (read-only)",
                            description="Compare the desired deployment with the recorded state and the live "
                            "resources and print the diff; drift made outside strata is marked. Reads only: it "
                            "builds no package (apply does) and changes nothing.")
     common(plan, full=True)
-    plan.set_defaults(func=_wrapped("plan", _plan))
+    command(plan, check=_checked("plan", _plan_check), run=_wrapped("plan", _plan))
 
     apply = cmds.add_parser("apply", help="create or update the stage's resources",
                             description="Build the function packages, plan, and carry the plan out. Idempotent: "
                             "a second apply changes nothing; a failed apply completes when run again.")
     common(apply, full=True)
-    apply.add_argument("--dry-run", action="store_true", help="print each step instead of changing AWS")
-    apply.add_argument("--yes", action="store_true", help="accepted for symmetry; apply does not ask")
-    apply.add_argument("--kits", default=None, type=Path,
-                       help="also write a provisioning kit per edge node into KITS/<node>/ (edge.toml for "
-                       "mqtts://ENDPOINT:8883, the thing's certificate and key, the Amazon root CA, the trusted key; "
-                       "files 0600) for `strata edge install --kit`")
-    apply.add_argument("--trust", default=None, type=Path, action="append", metavar="PUBFILE",
-                       help="public signing key the nodes trust (strata-signing.pub); needed with --kits; repeat it "
-                       "to trust the old and the new key while rotating (a private key is refused)")
-    apply.set_defaults(func=_wrapped("apply", _apply))
+    add_option(apply, "--dry-run", Switch(), default=False, help="print each step instead of changing AWS")
+    add_option(apply, "--yes", Switch(), default=False, help="accepted for symmetry; apply does not ask")
+    add_option(apply, "--kits", OutputFolder(what="kits folder"),
+               help="also write a provisioning kit per edge node into KITS/<node>/ (edge.toml for "
+               "mqtts://ENDPOINT:8883, the thing's certificate and key, the Amazon root CA, the trusted key; "
+               "files 0600) for `strata edge install --kit`")
+    add_option(apply, "--trust", TRUST, takes="repeat", metavar="PUBFILE",
+               help="public signing key the nodes trust (strata-signing.pub); needed with --kits; repeat it "
+               "to trust the old and the new key while rotating (a private key is refused)")
+    command(apply, check=_checked("apply", _apply_check), run=_wrapped("apply", _apply))
 
     destroy = cmds.add_parser("destroy", help="delete every resource of the stage",
                               description="Delete the stage's functions, role, IoT things/certificates/policies "
                               "and its bucket (every object version included). Asks first unless --yes.")
     common(destroy, full=False)
-    destroy.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    destroy.add_argument("--dry-run", action="store_true", help="print each step instead of changing AWS")
-    destroy.set_defaults(func=_wrapped("destroy", _destroy))
+    add_option(destroy, "--yes", Switch(), default=False, help="do not ask for confirmation")
+    add_option(destroy, "--dry-run", Switch(), default=False, help="print each step instead of changing AWS")
+    command(destroy, check=_checked("destroy", _destroy_check), run=_wrapped("destroy", _destroy))
 
     rollback = cmds.add_parser("rollback", help="move the stage alias back to the previous version",
                                description="Point each function's stage alias at the version it had before the "
                                "last apply. The next apply moves it forward again. Asks first unless --yes.")
     common(rollback, full=False)
-    rollback.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    rollback.set_defaults(func=_wrapped("rollback", _rollback))
+    add_option(rollback, "--yes", Switch(), default=False, help="do not ask for confirmation")
+    command(rollback, check=_checked("rollback", _rollback_check), run=_wrapped("rollback", _rollback))
 
     tmpl = cmds.add_parser("template", help="write the deployment as a CloudFormation template",
                            description="Write the same deployment as a CloudFormation template (JSON); no AWS "
@@ -86,9 +91,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                            "the template carries its CodeSha256; --package also writes the zip to upload as "
                            "CodeBucket/CodeKey.")
     add_config_arguments(tmpl, DeployConfig)
-    tmpl.add_argument("--out", required=True, help="template file to write")
-    tmpl.add_argument("--package", default=None, help="also write the functions zip here")
-    tmpl.set_defaults(func=_template)
+    add_option(tmpl, "--out", OutputFile(what="template file"), required=True, help="template file to write")
+    add_option(tmpl, "--package", OutputFile(what="functions zip"), help="also write the functions zip here")
+    command(tmpl, check=_template_check, run=_template)
 
 
 @contextlib.contextmanager
@@ -107,11 +112,24 @@ def _aws_errors(action: str) -> Iterator[None]:
         raise AwsCallError(f"{action}: {exc}") from exc
 
 
-def _wrapped(action: str, run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+def _wrapped(action: str, run: Callable[[argparse.Namespace, Any], int]) -> Callable[[argparse.Namespace, Any], int]:
     @functools.wraps(run)
-    def call(args: argparse.Namespace) -> int:
+    def call(args: argparse.Namespace, checked: Any) -> int:
         with _aws_errors(action):
-            return run(args)
+            return run(args, checked)
+
+    return call
+
+
+def _checked(action: str, check: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], Any]:
+    """`check` after the AWS variables (endpoints, region) are checked, botocore's own errors as one line."""
+    @functools.wraps(check)
+    def call(args: argparse.Namespace) -> Any:
+        from infra.aws import check_environment
+
+        check_environment()
+        with _aws_errors(action):
+            return check(args)
 
     return call
 
@@ -183,19 +201,27 @@ def _progress(step: Any) -> None:
         print(f"done: {step.action} {step.kind} {step.name}", flush=True)
 
 
-def _plan(args: argparse.Namespace) -> int:
+def _plan_check(args: argparse.Namespace) -> Any:
+    from infra._models import check_config
+
+    return check_config(_config(args, "planning stage {stage} in"))
+
+
+def _plan(args: argparse.Namespace, config: Any) -> int:
     from infra._deploy import plan
 
-    print(plan(_config(args, "planning stage {stage} in"), state_dir=Path(args.state_dir)).render())
+    print(plan(config, state_dir=Path(args.state_dir)).render())
     return 0
 
 
-def _apply(args: argparse.Namespace) -> int:
-    from infra._deploy import apply
+def _apply_check(args: argparse.Namespace) -> Any:
     from infra._errors import DeployConfigError
-    from infra._executor import DryRunExecutor
+    from infra._models import check_config
 
-    config = _config(args, "deploying stage {stage} to")
+    config = check_config(_config(args, "deploying stage {stage} to"))
+    if args.trust and args.kits is None:
+        raise DeployConfigError("strata infra apply: --trust goes into the kits and does nothing without --kits DIR; "
+                                "add --kits, or drop --trust")
     if args.kits is not None and (not args.trust or args.dry_run or not config.edge_nodes):
         why = ("needs --trust PUBKEY, the signing key the nodes trust" if not args.trust
                else "writes files, which a --dry-run never does" if args.dry_run
@@ -209,6 +235,13 @@ def _apply(args: argparse.Namespace) -> int:
             trusted_key_files(args.trust, what="--trust")
         except KeyFileError as exc:
             raise DeployConfigError(f"strata infra apply --kits: {exc}") from None
+    return config
+
+
+def _apply(args: argparse.Namespace, config: Any) -> int:
+    from infra._deploy import apply
+    from infra._executor import DryRunExecutor
+
     executor = DryRunExecutor(sys.stdout) if args.dry_run else None
     the_plan = apply(config, state_dir=Path(args.state_dir), executor=executor, after_step=_progress,
                      before=lambda p: print(p.render(), flush=True))
@@ -224,13 +257,19 @@ def _apply(args: argparse.Namespace) -> int:
     return 0
 
 
-def _destroy(args: argparse.Namespace) -> int:
-    from infra._deploy import destroy, destroy_plan, recorded_config
-    from infra._executor import DryRunExecutor
+def _destroy_check(args: argparse.Namespace) -> Any:
+    from infra._deploy import recorded_config
 
     state_dir = Path(args.state_dir)
     region = _region(args.region, state_dir, args.stage, "destroying stage {stage} in")
-    config = recorded_config(state_dir, args.stage, region=region)
+    return recorded_config(state_dir, args.stage, region=region)
+
+
+def _destroy(args: argparse.Namespace, config: Any) -> int:
+    from infra._deploy import destroy, destroy_plan
+    from infra._executor import DryRunExecutor
+
+    state_dir = Path(args.state_dir)
     the_plan = destroy_plan(args.stage, state_dir=state_dir, config=config)
     print(the_plan.render())
     if not the_plan.changes:
@@ -247,12 +286,21 @@ def _destroy(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rollback(args: argparse.Namespace) -> int:
+def _rollback_check(args: argparse.Namespace) -> str:
+    from infra._deploy import recorded_config
+
+    state_dir = Path(args.state_dir)
+    region = _region(args.region, state_dir, args.stage, "rolling back stage {stage} in")
+    recorded_config(state_dir, args.stage, region=region)  # the state file reads back
+    return region
+
+
+def _rollback(args: argparse.Namespace, region: str) -> int:
     from infra._deploy import rollback, rollback_plan
     from infra.aws import Clients
 
     state_dir = Path(args.state_dir)
-    aws = Clients(region=_region(args.region, state_dir, args.stage, "rolling back stage {stage} in"))
+    aws = Clients(region=region)
     the_plan = rollback_plan(args.stage, state_dir=state_dir, aws=aws)
     print(the_plan.render())
     _confirm("rollback", args.stage, args.yes)
@@ -261,26 +309,34 @@ def _rollback(args: argparse.Namespace) -> int:
     return 0
 
 
-def _template(args: argparse.Namespace) -> int:
+def _template_check(args: argparse.Namespace) -> Any:
+    from infra._errors import DeployConfigError
+    from infra._models import DeployConfig, check_config
+
+    if args.package is not None and Path(args.package).absolute() == Path(args.out).absolute():
+        raise DeployConfigError("strata infra template: --package and --out name the same file; write the zip "
+                                "and the template to two files")
+    return check_config(DeployConfig(**_overrides(args)))
+
+
+def _template(args: argparse.Namespace, config: Any) -> int:
     import tempfile
 
     from infra._deploy import build_artifacts
-    from infra._models import DeployConfig, check_config
     from infra._template import write_template
 
-    overrides = _overrides(args)
-    config = check_config(DeployConfig(**overrides))
     # The versions in the template carry the code's CodeSha256, so the package is built (or reused) here.
     with tempfile.TemporaryDirectory() as tmp:
         artifact = next(iter(build_artifacts(config, state_dir=Path(tmp)).values()))
         out = write_template(config, Path(args.out), artifact)
         print(f"template: wrote {out} (code {artifact.sha256_b64}, CodeKey default {artifact.key})")
         if args.package:
-            import shutil
+            from device import atomic_file
 
             target = Path(args.package)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(artifact.path, target)
+            with atomic_file(target, durable=False) as f, open(artifact.path, "rb") as src:
+                while chunk := src.read(1 << 20):
+                    f.write(chunk)
             print(f"template: wrote {target} ({artifact.zipped_bytes / 1e6:.1f} MB zipped, "
                   f"{artifact.unzipped_bytes / 1e6:.1f} MB unzipped); upload it and pass CodeBucket/CodeKey")
     return 0

@@ -24,7 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from device._names import inside
+from device import ConfigError
+from device._names import inside, shown
 from infra._errors import StateError
 from infra._executor import AwsExecutor, Executor
 from infra._live import function_version_attributes, reader_for
@@ -57,7 +58,11 @@ def config_from_dict(data: dict[str, Any], **overrides: Any) -> DeployConfig:
     known = {f.name for f in dataclasses.fields(DeployConfig)}
     values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known}
     values.update(overrides)
-    return DeployConfig(**values)
+    try:
+        return DeployConfig(**values)
+    except ConfigError as exc:  # a recorded value the declaration refuses: the state file was edited or damaged
+        raise StateError(f"the recorded config of stage {shown(values.get('stage'))} does not read back: {exc}; "
+                         "fix or delete the stage's state file (--state-dir)") from None
 
 
 def build_dir(state_dir: Path, stage: str) -> Path:

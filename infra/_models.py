@@ -13,8 +13,20 @@ from typing import Any, ClassVar, Literal, TypeAlias
 
 from device import KeyFileError, is_identifier, mqtt_client_id, shown
 from device._keys import parse_public_keys, read_public_key_file
+from device._kinds import FLEET, STAGE, PublicKeyText
+from device._options import (
+    InputFolder,
+    Integer,
+    Many,
+    Matching,
+    Name,
+    OutputFolder,
+    check_fields,
+    declared,
+)
 from infra._errors import DeployConfigError
 from infra._iot import iot_fleet, policy_document
+from infra.aws import REGION
 
 # Lambda's limits (MEASURED.md): what `check_config` enforces before anything is built or called.
 MIN_MEMORY_MB = 128
@@ -34,10 +46,15 @@ ENV_BUCKET = "STRATA_RESULT_BUCKET"
 ENV_TRUSTED_PUBLIC_KEY = "STRATA_TRUSTED_KEYS"
 """PEM of the Ed25519 key(s) bundles must be signed with (``functions._handlers``)."""
 
-_STAGE = re.compile(r"[a-z0-9][a-z0-9-]{0,19}")
-"""A stage: the identifier rule (``device._names``) narrowed to what S3 bucket names take (no capitals, ``_``
-or ``.``) and short enough for ``strata-{stage}-{account}-{region}`` to stay within S3's 63 characters."""
+_STAGE = re.compile(STAGE.pattern)
+"""A stage (`device._kinds.STAGE`): the identifier rule (``device._names``) narrowed to what S3 bucket names take
+(no capitals, ``_`` or ``.``) and short enough for ``strata-{stage}-{account}-{region}`` to stay within S3's 63
+characters."""
 STAGE_FORM = "1-20 lowercase letters, digits or '-', starting with a letter or digit"
+BUCKET = Matching(pattern=r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", empty=True, example="my-bucket",
+                  words="an S3 bucket name: 3-63 lowercase letters, digits, '.' or '-'")
+REQUIREMENT = Matching(pattern=r"[A-Za-z0-9][^\x00-\x1f\x7f]{0,299}", example="numpy",
+                       words="a pip requirement such as numpy or numpy>=2")
 
 DEFAULT_ROLLOUT_CONCURRENCY = 32
 """Reserved concurrency of the rollout function unless `DeployConfig.reserved_concurrency` says otherwise."""
@@ -78,40 +95,44 @@ class DeployConfig:
     """Everything a stage's deployment is made of; `strata infra plan|apply` flags are these fields."""
 
     # Where
-    stage: str = "dev"
+    stage: str = declared(STAGE, "dev")
     """Stage name (1-20 lowercase letters, digits or '-'); it names every resource and the Lambda alias."""
-    region: str | None = None
+    region: str | None = declared(REGION, None)
     """AWS region; default: where the stage's last apply deployed it, else AWS_REGION / AWS_DEFAULT_REGION / the
     profile's region, else us-east-1 (each command prints which and why)."""
-    bucket: str = ""
+    bucket: str = declared(BUCKET, "")
     """Bucket name override; default strata-{stage}-{account}-{region}."""
 
     # Functions
-    memory_mb: int = 1024
+    memory_mb: int = declared(Integer(min=MIN_MEMORY_MB, max=MAX_MEMORY_MB, unit="MB"), 1024)
     """Lambda memory in MB (128-10240; 1769 MB is one vCPU)."""
-    timeout_s: int = 60
+    timeout_s: int = declared(Integer(min=1, max=MAX_TIMEOUT_S, unit="seconds"), 60)
     """Lambda timeout in seconds (at most 900)."""
-    reserved_concurrency: int | None = DEFAULT_ROLLOUT_CONCURRENCY
+    reserved_concurrency: int | None = declared(Integer(min=0, max=100_000), DEFAULT_ROLLOUT_CONCURRENCY)
     """Reserved concurrent executions of the rollout function: at most this many rollouts run at once (a cap on
     what a runaway trainer spends) and no other function takes them (ping gets at most 2). 0 leaves the functions
     in the account's unreserved pool, for accounts too small to reserve any (AWS keeps 100 unreserved)."""
     architecture: Literal["x86_64", "arm64"] = "x86_64"
     """Lambda architecture; the dependency wheels are built for it."""
-    requirements: tuple[str, ...] = ("numpy", "gymnasium", "cryptography")
+    requirements: tuple[str, ...] = declared(Many(item=REQUIREMENT, max_items=200, unique=True),
+                                             ("numpy", "gymnasium", "cryptography"))
     """pip requirements installed into each function zip (built for Lambda's platform, no Docker)."""
-    cache_dir: str = ""
+    cache_dir: str = declared(OutputFolder(what="build cache folder", parents=True, empty=True), "")
     """Where built dependency trees are cached by a hash of the requirement set; default ~/.cache/strata/lambda."""
-    source_dir: str = ""
+    source_dir: str = declared(InputFolder(what="source folder", empty=True), "")
     """Folder holding the strata packages to deploy (functions/, device/); default: the installed strata."""
-    trusted_public_key: str = ""
+    trusted_public_key: str = declared(PublicKeyText(), "")
     """PEM of the Ed25519 public key(s) bundles must be signed with (or a .pub file's path), set as
     STRATA_TRUSTED_KEYS; a private key is refused."""
 
     # Edge nodes (AWS IoT Core)
-    fleet: str = "default"
+    fleet: str = declared(FLEET, "default")
     """Fleet name; on AWS IoT Core the stage's MQTT topic root is strata/{stage}.{fleet}/."""
-    edge_nodes: tuple[str, ...] = ()
+    edge_nodes: tuple[str, ...] = declared(Many(item=Name(), max_items=10_000, unique=True), ())
     """Edge node ids; each gets an IoT thing, a certificate and a policy granting what its clients do on MQTT."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
     def cache_path(self) -> Path:
         """The dependency cache folder (`cache_dir` or the default)."""

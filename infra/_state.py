@@ -18,11 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from device._names import inside
+from device import ConfigError
+from device._names import inside, shown
+from device._options import read_bounded
 from infra._errors import StateError
 from infra._models import check_stage
 
 SCHEMA_VERSION = 1
+MAX_STATE_BYTES = 64 * 1024 * 1024
+"""A stage's state file (records of its resources) is far below this."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,28 +87,37 @@ class StateStore:
         """
         if not self.path.exists():
             return State(stage=self.stage)
+        where = shown(str(self.path))
+        damaged = "restore it from a backup or delete it (the next plan then rediscovers resources by name)"
         try:
-            data = json.loads(self.path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise StateError(f"StateStore.load: {self.path} is not readable JSON ({exc}); restore it from a "
-                             "backup or delete it (the next plan then rediscovers resources by name)") from exc
+            data = json.loads(read_bounded(self.path, max_bytes=MAX_STATE_BYTES, what="StateStore.load: state file"))
+        except ConfigError as exc:
+            raise StateError(f"{exc}; {damaged}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            raise StateError(f"StateStore.load: {where} is not readable JSON ({shown(str(exc), 120)}); "
+                             f"{damaged}") from None
         version = data.get("schema_version") if isinstance(data, dict) else None
         if not isinstance(version, int):
-            raise StateError(f"StateStore.load: {self.path} has no integer schema_version; it is not a strata "
+            raise StateError(f"StateStore.load: {where} has no integer schema_version; it is not a strata "
                              "state file")
         if version > SCHEMA_VERSION:
-            raise StateError(f"StateStore.load: {self.path} has schema_version={version}, newer than this "
+            raise StateError(f"StateStore.load: {where} has schema_version={version}, newer than this "
                              f"strata's {SCHEMA_VERSION}; upgrade strata to read it")
         if data.get("stage") != self.stage:
-            raise StateError(f"StateStore.load: {self.path} records stage {data.get('stage')!r}, not "
+            raise StateError(f"StateStore.load: {where} records stage {shown(data.get('stage'))}, not "
                              f"{self.stage!r}; use the matching --stage or --state-dir")
-        resources = {}
-        for key, raw in data.get("resources", {}).items():
-            record = Record(kind=raw["kind"], name=raw["name"], attributes=raw.get("attributes", {}),
-                            ids=raw.get("ids", {}))
-            resources[key] = record
-        return State(stage=self.stage, region=data.get("region", ""), account=data.get("account", ""),
-                     config=data.get("config", {}), resources=resources)
+        try:
+            resources = {}
+            for key, raw in dict(data.get("resources", {})).items():
+                record = Record(kind=str(raw["kind"]), name=str(raw["name"]),
+                                attributes=dict(raw.get("attributes", {})), ids=dict(raw.get("ids", {})))
+                resources[str(key)] = record
+            region, account, config = data.get("region", ""), data.get("account", ""), data.get("config", {})
+            if not isinstance(region, str) or not isinstance(account, str) or not isinstance(config, dict):
+                raise TypeError("region and account must be text, config a table")
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise StateError(f"StateStore.load: {where} is damaged ({shown(str(exc), 120)}); {damaged}") from None
+        return State(stage=self.stage, region=region, account=account, config=config, resources=resources)
 
     def save(self, state: State) -> None:
         """Write `state` to a temp file and rename it into place (a crash leaves the old or the new file)."""

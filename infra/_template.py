@@ -239,9 +239,11 @@ def template(config: DeployConfig, artifact: Artifact | None = None) -> dict[str
 
 
 def write_template(config: DeployConfig, out: Path, artifact: Artifact | None = None) -> Path:
-    """Write the template of `config` (and `artifact`, see `template`) to `out` as JSON (temp file renamed)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(template(config, artifact), indent=2) + "\n")
-    tmp.replace(out)
+    """Write the template of `config` (and `artifact`, see `template`) to `out` as JSON.
+
+    A temp file is renamed into place; a failed write leaves no temp file.
+    """
+    from device import write_atomic
+
+    write_atomic(out, json.dumps(template(config, artifact), indent=2) + "\n", durable=False)
     return out

@@ -24,10 +24,12 @@ import contextlib
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from device import shown
+from device._options import Kind, Matching, Refused, Url
 from infra._errors import FunctionNotFoundError, InfraError, PayloadTooLargeError, ThrottledError
 
 _EXTRA = "infra"
@@ -88,6 +90,35 @@ def client(service: str, *, region: str | None = None, endpoint_url: str | None 
 
 DEFAULT_REGION = "us-east-1"
 """Where strata deploys when nothing names a region (announced, never silent: see `resolve_region`)."""
+
+
+REGION = Matching(pattern=r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}", words="an AWS region such as us-east-1",
+                  example="us-east-1")
+"""An AWS region name (``--region``, ``AWS_REGION``, ``AWS_DEFAULT_REGION``)."""
+ENDPOINT_URL = Url(schemes=("http", "https"), path=True)
+"""An AWS endpoint (``AWS_ENDPOINT_URL``, ``AWS_ENDPOINT_URL_<SERVICE>``, ``--from-endpoint``)."""
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Refuse, in one line, a malformed ``AWS_ENDPOINT_URL*`` or ``AWS_REGION``/``AWS_DEFAULT_REGION``.
+
+    botocore reads these itself, late, and fails with its own traceback (``ValueError: Invalid endpoint``); every
+    infra command checks them first, with the same declared kinds as the flags.
+
+    Raises:
+        InfraError: naming the variable, its value (cut to 80 characters) and the form.
+    """
+    for var, text in sorted((os.environ if environ is None else environ).items()):
+        if var == "AWS_ENDPOINT_URL" or var.startswith("AWS_ENDPOINT_URL_"):
+            kind: Kind = ENDPOINT_URL
+        elif var in ("AWS_REGION", "AWS_DEFAULT_REGION") and text:
+            kind = REGION
+        else:
+            continue
+        try:
+            kind.check(text)
+        except Refused as exc:
+            raise InfraError(f"{var} {shown(text)}: {exc}") from None
 
 
 def resolve_region(region: str | None, *, session: Any = None) -> tuple[str, str]:

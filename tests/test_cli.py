@@ -65,19 +65,22 @@ def test_the_cli_reference_is_current() -> None:
 
 
 @pytest.mark.parametrize(("args", "flag", "value", "expected"), [
-    (("train", "--env", "CartPole-v1"), "--target-return", "nan", "is not a finite number"),
-    (("train", "--env", "CartPole-v1"), "--rolling-checkpoint-s", "-1", "is not a number of seconds >= 0"),
-    (("switch", "run", "--to", "colocated"), "--timeout", "nan", "is not a number of seconds >= 0"),
-    (("export", "--run", "run", "--out", "x.bundle"), "--ttl-s", "inf", "is not a number of seconds >= 0"),
-    (("functions", "serve"), "--throttle-rate", "nan", "is not a finite number"),
-    (("functions", "serve"), "--cold-start-delay", "inf", "is not a number of seconds >= 0"),
-    (("functions", "serve"), "--idle-timeout", "-5", "is not a number of seconds >= 0"),
-    (("envs", "serve"), "--duration", "nan", "is not a number of seconds >= 0"),
+    (("train", "--env", "CartPole-v1"), "--target-return", "nan", "must be a finite number"),
+    (("train", "--env", "CartPole-v1"), "--rolling-checkpoint-s", "-1",
+     "must be a finite number of seconds from 0 to 86400"),
+    (("switch", "run", "--to", "colocated"), "--timeout", "nan",
+     "must be a finite number of seconds above 0 and at most 86400"),
+    (("export", "--run", "run", "--out", "x.bundle"), "--ttl-s", "inf", "must be a finite number of seconds above 0"),
+    (("functions", "serve"), "--throttle-rate", "nan", "must be a finite number from 0 to 1"),
+    (("functions", "serve"), "--cold-start-delay", "inf", "must be a finite number of seconds from 0 to 900"),
+    (("functions", "serve"), "--idle-timeout", "-5", "must be a finite number of seconds above 0"),
+    (("envs", "serve"), "--duration", "nan", "must be a finite number of seconds from 0 to"),
 ])
-def test_hand_written_number_flags_refuse_nan_infinities_and_negative_durations(
+def test_number_flags_refuse_nan_infinities_and_out_of_range_values(
         args: tuple[str, ...], flag: str, value: str, expected: str, tmp_path: Path) -> None:
     """Python's float() takes "nan" and "inf": these flags would have waited forever or compared false."""
+    (tmp_path / "run").mkdir()
     result = run_strata(*args, f"{flag}={value}", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     [line] = result.stderr.strip().splitlines()  # one line: no usage dump
-    assert f"error: argument {flag}: '{value}' {expected}" in line and line.endswith("--help`)")
+    assert f"error: {flag} '{value}': {expected}" in line and line.endswith("--help`)"), line

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from typing import Any
 
 from device import ConfigError
 
@@ -23,13 +24,12 @@ def refuse_hybrid_flags(args: argparse.Namespace) -> None:
                           "rollout modes (e.g. --modes hybrid colocated decoupled)")
 
 
-def train_hybrid_from_args(args: argparse.Namespace) -> int:
-    """Run ``strata train --modes hybrid [UNIT_MODES...]``; print rank 0's summary."""
+def check_hybrid_from_args(args: argparse.Namespace) -> Any:
+    """The `UnitSpec` of ``strata train --modes hybrid [UNIT_MODES...]``, checked as the units would check it."""
     from cloud.hybrid._config import HybridConfig, UnitSpec
-    from cloud.hybrid._launch import train_hybrid
+    from cloud.hybrid._launch import check_spec, unit_switching
     from cloud.learners._ppo_config import PPOConfig
     from cloud.runs._checkpoint import resumed_config
-    from cloud.runs._metrics import METRICS_FILE
     from cloud.runs._run import resume_command
     from cloud.switching._modes import SwitchingConfig
     from cloud.switching._switcher import SwitchRules
@@ -51,7 +51,16 @@ def train_hybrid_from_args(args: argparse.Namespace) -> int:
                     resume=args.resume, target_return=args.target_return, confirm_episodes=args.confirm_episodes,
                     checkpoint_every=args.checkpoint_every, rolling_checkpoint_s=args.rolling_checkpoint_s,
                     resume_command=resume_command(args))
-    result = train_hybrid(spec)
+    check_spec(spec.replace(switching=unit_switching(spec)))
+    return spec
+
+
+def train_hybrid(args: argparse.Namespace, spec: Any) -> int:
+    """Run the checked hybrid `spec`; print rank 0's summary."""
+    from cloud.hybrid._launch import train_hybrid as launch
+    from cloud.runs._metrics import METRICS_FILE
+
+    result = launch(spec)
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
     solved = ("" if result.solved_at_step is None

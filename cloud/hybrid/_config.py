@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from cloud.runs._stop import ROLLING_EVERY_S
 from device import ConfigError
+from device._options import Host, Integer, Port, Seconds, check_fields, declared
 
 if TYPE_CHECKING:
     from cloud.learners._ppo_config import PPOConfig
@@ -30,36 +31,27 @@ class HybridConfig:
     """How many learner units train together, what each one runs, and how the group copes with faults."""
 
     # --- units ---
-    units: int | None = None
+    units: int | None = declared(Integer(min=1, max=1024), None)
     """Unit processes strata starts on this host (None: 2). Under torchrun the world size decides; a --units that
     differs from it is an error."""
-    workers_per_unit: int | None = None
+    workers_per_unit: int | None = declared(Integer(min=1, max=1024), None)
     """Env worker processes in each unit's co-located pool (None: the co-located mode's own choice)."""
 
     # --- faults ---
-    max_restarts: int = 0
+    max_restarts: int = declared(Integer(min=0, max=1000), 0)
     """When strata starts the units itself: how often the whole group is restarted after a unit fails (torchrun's
     --max-restarts); every restart resumes from the last checkpoint. Under torchrun, pass torchrun's flag instead."""
-    collective_timeout_s: float = 300.0
+    collective_timeout_s: float = declared(Seconds(max=86400.0, positive=True), 300.0)
     """A unit that waits longer than this for the others in a collective gives up and the run stops."""
 
     # --- rank 0's services ---
-    param_server_host: str = "127.0.0.1"
+    param_server_host: str = declared(Host(), "127.0.0.1")
     """Address rank 0's parameter server listens on (every version is pushed to it)."""
-    param_server_port: int = 0
+    param_server_port: int = declared(Port(), 0)
     """Port of rank 0's parameter server (0: a free one, written to RUN_DIR/paramserver.json)."""
 
     def __post_init__(self) -> None:
-        if self.units is not None and self.units < 1:
-            raise ConfigError(f"HybridConfig: units must be >= 1, got {self.units}")
-        if self.workers_per_unit is not None and self.workers_per_unit < 1:
-            raise ConfigError(f"HybridConfig: workers_per_unit must be >= 1, got {self.workers_per_unit}")
-        if self.max_restarts < 0:
-            raise ConfigError(f"HybridConfig: max_restarts must be >= 0, got {self.max_restarts}")
-        if self.collective_timeout_s <= 0:
-            raise ConfigError(f"HybridConfig: collective_timeout_s must be > 0, got {self.collective_timeout_s}")
-        if not 0 <= self.param_server_port < 65536:
-            raise ConfigError(f"HybridConfig: param_server_port must be a TCP port, got {self.param_server_port}")
+        check_fields(self)
 
 
 @dataclass(frozen=True, kw_only=True)

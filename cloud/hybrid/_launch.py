@@ -54,7 +54,7 @@ def train_hybrid(spec: UnitSpec) -> HybridResult:
         ConfigError: A bad spec (checked here before any unit starts).
         HybridError: A unit failed and no restart was left (the message names the unit and its error).
     """
-    spec = spec.replace(switching=_unit_switching(spec))
+    spec = spec.replace(switching=unit_switching(spec))
     check_spec(spec)
     if under_torchrun():
         return run_unit(spec)
@@ -88,7 +88,8 @@ def train_hybrid(spec: UnitSpec) -> HybridResult:
     return result
 
 
-def _unit_switching(spec: UnitSpec) -> Any:
+def unit_switching(spec: UnitSpec) -> Any:
+    """The units' switching config: their rollout modes (co-located when none are listed)."""
     import dataclasses
 
     return dataclasses.replace(spec.switching, modes=spec.switching.modes or ("colocated",))

@@ -7,6 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from device import ConfigError, config_from_dict
+from device._options import Integer, Many, Name, Number, check_fields, declared
+
+HIDDEN_SIZES = Many(item=Integer(min=1, max=65_536), min_items=1, max_items=16)
+"""Hidden layer widths: 1-16 layers of 1-65536 units."""
+SAMPLE_FREQ = Integer(min=-1, max=10**9)
+"""gSDE's redraw period: -1 (once per rollout or episode) or a positive number of steps (0 is refused)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,61 +26,61 @@ class PPOConfig:
     """
 
     # --- rollout ---
-    num_envs: int = 8
+    num_envs: int = declared(Integer(min=1, max=4096), 8)
     """Parallel environments that feed the learner."""
-    num_steps: int = 32
+    num_steps: int = declared(Integer(min=1, max=100_000), 32)
     """Steps per environment in each rollout (the batch is num_envs * num_steps transitions)."""
-    env_mode: str = "colocated"
+    env_mode: str = declared(Name(), "colocated")
     """Where the envs run: a mode registered in cloud.rollout._envs.VECTOR_ENV_MODES ("colocated" = the shared-memory
     worker pool on this host, "sync" = in the learner process, "decoupled" = gRPC env services)."""
 
     # --- optimisation ---
-    learning_rate: float = 1e-3
+    learning_rate: float = declared(Number(min=0.0, max=10.0, min_open=True), 1e-3)
     """Adam step size at the start of training."""
     anneal_lr: bool = True
     """Decay the learning rate linearly to zero over the run's total steps."""
-    update_epochs: int = 20
+    update_epochs: int = declared(Integer(min=1, max=10_000), 20)
     """Passes over each rollout batch."""
-    num_minibatches: int = 1
+    num_minibatches: int = declared(Integer(min=1, max=1_000_000), 1)
     """Minibatches per pass (the minibatch is batch_size / num_minibatches transitions)."""
-    max_grad_norm: float = 0.5
+    max_grad_norm: float = declared(Number(min=0.0, max=1e6, min_open=True), 0.5)
     """Clip the global gradient norm to this value."""
-    target_kl: float | None = None
+    target_kl: float | None = declared(Number(min=0.0, max=1e6, min_open=True), None)
     """Stop an update's epochs early once the approximate KL exceeds this (None: never)."""
 
     # --- PPO objective ---
-    gamma: float = 0.98
+    gamma: float = declared(Number(min=0.0, max=1.0), 0.98)
     """Discount factor."""
-    gae_lambda: float = 0.8
+    gae_lambda: float = declared(Number(min=0.0, max=1.0), 0.8)
     """Lambda of generalised advantage estimation."""
-    clip_coef: float = 0.2
+    clip_coef: float = declared(Number(min=0.0, max=1e3, min_open=True), 0.2)
     """Surrogate clipping range epsilon (ratio kept within 1 +- clip_coef)."""
     clip_vloss: bool = True
     """Clip the value loss around the old value estimate, with the same clip_coef."""
     norm_adv: bool = True
     """Normalise advantages to mean 0 and std 1 within each minibatch."""
-    ent_coef: float = 0.0
+    ent_coef: float = declared(Number(min=0.0, max=1e3), 0.0)
     """Weight of the entropy bonus."""
-    vf_coef: float = 0.5
+    vf_coef: float = declared(Number(min=0.0, max=1e3), 0.5)
     """Weight of the value loss."""
 
     # --- observations ---
     normalize_obs: bool = True
     """Normalise observations by running mean and std (the statistics are exported inside the ONNX graph)."""
-    obs_clip: float = 10.0
+    obs_clip: float = declared(Number(min=0.0, max=1e6, min_open=True), 10.0)
     """Clip normalised observations to +- this value."""
 
     # --- rewards ---
     normalize_reward: bool = False
     """Scale the rewards the update sees by the running std of the discounted return (SB3's VecNormalize reward
     scaling); reported episode returns stay unscaled."""
-    reward_clip: float = 10.0
+    reward_clip: float = declared(Number(min=0.0, max=1e6, min_open=True), 10.0)
     """Clip scaled rewards to +- this value (with normalize_reward)."""
 
     # --- network ---
-    hidden_sizes: tuple[int, ...] = (64, 64)
+    hidden_sizes: tuple[int, ...] = declared(HIDDEN_SIZES, (64, 64))
     """Hidden layer widths of the actor and of the critic (tanh activations)."""
-    init_log_std: float = 0.0
+    init_log_std: float = declared(Number(min=-20.0, max=5.0), 0.0)
     """Initial log standard deviation of the Gaussian policy (Box actions only)."""
     ortho_init: bool = True
     """Orthogonal weights (gain sqrt(2) for hidden layers, 0.01 for the policy head, 1 for the value head) and zero
@@ -84,33 +90,22 @@ class PPOConfig:
     last hidden features times a noise matrix redrawn every sde_sample_freq steps; init_log_std (SAC:
     sde_log_std_init) then sets that matrix's scale. PPO: not with the functions or fragments modes, whose remote
     actors add plain Gaussian noise."""
-    sde_sample_freq: int = -1
+    sde_sample_freq: int = declared(SAMPLE_FREQ, -1)
     """Steps between two draws of the gSDE noise matrix; -1 draws it only at the start of each rollout (SAC: of
     each episode)."""
 
     # --- compute ---
-    torch_threads: int = 1
+    torch_threads: int = declared(Integer(min=1, max=1024), 1)
     """Torch intra-op threads; one is fastest for networks this small and leaves cores to the envs."""
 
     def __post_init__(self) -> None:
-        positive = ("num_envs", "num_steps", "update_epochs", "num_minibatches", "torch_threads")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"PPOConfig: {name} must be >= 1, got {getattr(self, name)}")
-        if self.sde_sample_freq == 0 or self.sde_sample_freq < -1:
+        check_fields(self)
+        if self.sde_sample_freq == 0:
             raise ConfigError(f"PPOConfig: sde_sample_freq must be -1 (once per rollout) or >= 1, got "
                               f"{self.sde_sample_freq}")
         if self.batch_size % self.num_minibatches:
             raise ConfigError(f"PPOConfig: num_envs * num_steps = {self.batch_size} must be divisible by "
                               f"num_minibatches = {self.num_minibatches}")
-        for name in ("learning_rate", "max_grad_norm", "clip_coef", "obs_clip", "reward_clip"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"PPOConfig: {name} must be > 0, got {getattr(self, name)}")
-        for name in ("gamma", "gae_lambda"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(f"PPOConfig: {name} must be within [0, 1], got {getattr(self, name)}")
-        if not self.hidden_sizes or min(self.hidden_sizes) < 1:
-            raise ConfigError(f"PPOConfig: hidden_sizes must be positive widths, got {self.hidden_sizes}")
 
     # --- derived values (computed here only) ---
     @property

@@ -34,9 +34,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from cloud._errors import CloudError
+from cloud.learners._ppo_config import HIDDEN_SIZES, SAMPLE_FREQ
 from cloud.replay._factory import make_replay
 from cloud.replay._tables import Replay, ReplayConfig, SampleBatch, Signature, annealed_beta
 from device import Bundle, ConfigError, SigningKey, build_bundle, config_from_dict, require, space_bounds
+from device._options import HostPort, Integer, Name, Number, check_fields, declared
 
 if TYPE_CHECKING:
     import torch
@@ -51,83 +53,75 @@ class SACConfig:
     """Hyperparameters of SAC and of its replay table (defaults follow CleanRL, sized for 2 cores)."""
 
     # networks
-    hidden_sizes: tuple[int, ...] = (128, 128)
+    hidden_sizes: tuple[int, ...] = declared(HIDDEN_SIZES, (128, 128))
     """Hidden layer widths of the actor and of each Q network."""
     # optimisation
-    q_lr: float = 1e-3
+    q_lr: float = declared(Number(min=0.0, max=10.0, min_open=True), 1e-3)
     """Adam learning rate of the twin Q networks."""
-    policy_lr: float = 3e-4
+    policy_lr: float = declared(Number(min=0.0, max=10.0, min_open=True), 3e-4)
     """Adam learning rate of the actor and of log_alpha."""
     anneal_lr: bool = False
     """Decay all three learning rates linearly to zero over the run's total steps (SB3's ``lin_`` schedules, which
     RL Zoo's SAC entries use)."""
-    gamma: float = 0.99
+    gamma: float = declared(Number(min=0.0, max=1.0), 0.99)
     """Discount factor."""
-    tau: float = 0.005
+    tau: float = declared(Number(min=0.0, max=1.0, min_open=True), 0.005)
     """Polyak averaging rate of the target Q networks (target <- tau * online + (1 - tau) * target)."""
-    batch_size: int = 256
+    batch_size: int = declared(Integer(min=1, max=1_000_000), 256)
     """Transitions per gradient step."""
-    learning_starts: int = 1000
+    learning_starts: int = declared(Integer(min=1, max=10**12), 1000)
     """Env steps of uniformly random actions before learning starts (also the replay's minimum size)."""
-    policy_frequency: int = 2
+    policy_frequency: int = declared(Integer(min=1, max=1_000_000), 2)
     """Delayed actor updates (TD3): every this many steps, this many actor and alpha steps."""
-    target_network_frequency: int = 1
+    target_network_frequency: int = declared(Integer(min=1, max=1_000_000), 1)
     """Polyak-update the target Q networks every this many gradient steps."""
     # entropy
     autotune: bool = True
     """Learn the temperature alpha towards the target entropy; otherwise keep `alpha` fixed."""
-    alpha: float = 0.2
+    alpha: float = declared(Number(min=0.0, max=1e3), 0.2)
     """Initial (or, without autotune, fixed) entropy temperature."""
-    target_entropy_scale: float = 1.0
+    target_entropy_scale: float = declared(Number(min=-1e3, max=1e3), 1.0)
     """Target entropy is -target_entropy_scale * action dimensions."""
     # exploration
     use_sde: bool = False
     """Generalised state-dependent exploration (gSDE, SB3's ``use_sde``): the action noise is the actor's last
     hidden features times a noise matrix held for `sde_sample_freq` env steps, so exploration is smooth in time
     (what finds MountainCarContinuous' goal); the log-std is a learned matrix, not a network head."""
-    sde_sample_freq: int = -1
+    sde_sample_freq: int = declared(SAMPLE_FREQ, -1)
     """With use_sde: redraw the exploration matrix every this many env steps; -1 at each episode's start."""
-    sde_log_std_init: float = -3.0
+    sde_log_std_init: float = declared(Number(min=-20.0, max=5.0), -3.0)
     """With use_sde: initial value of every entry of the learned log-std matrix (SB3's ``log_std_init``)."""
     sde_at_warmup: bool = False
     """With use_sde: the gSDE policy acts before learning_starts instead of uniformly random actions (SB3's
     ``use_sde_at_warmup``; how SB3 runs a Zoo entry whose learning_starts is 0)."""
     # replay
-    buffer_size: int = 100_000
+    buffer_size: int = declared(Integer(min=1, max=10**9), 100_000)
     """Replay capacity in transitions."""
     prioritized: bool = True
     """Prioritized experience replay (by |TD error|) instead of uniform sampling."""
-    per_alpha: float = 0.6
+    per_alpha: float = declared(Number(min=0.0, max=10.0), 0.6)
     """Priority exponent of prioritized replay."""
-    per_beta_start: float = 0.4
+    per_beta_start: float = declared(Number(min=0.0, max=1.0), 0.4)
     """Importance-sampling exponent at the start; annealed linearly to 1 over the run."""
-    rate_limit_slack: float = 2.0
+    rate_limit_slack: float = declared(Number(min=1.0, max=1e6), 2.0)
     """Rate limiter's error buffer in sample batches: how far inserting actors may run ahead or behind."""
     replay: Literal["local", "shared_memory", "grpc"] = "shared_memory"
     """Replay deployment: in this process's memory, in shared memory, or behind a gRPC replay server."""
-    replay_address: str = ""
+    replay_address: str = declared(HostPort(empty=True), "")
     """host:port of a running replay server for replay='grpc'; empty starts one in this process."""
     # runtime
-    torch_threads: int = 1
+    torch_threads: int = declared(Integer(min=1, max=1024), 1)
     """torch intra-op threads (small nets are fastest on one)."""
-    env_mode: str = "sync"
+    env_mode: str = declared(Name(), "sync")
     """Vector-env mode of cloud.rollout._envs.make_vector_env (the env source)."""
-    log_every: int = 1000
+    log_every: int = declared(Integer(min=1, max=10**12), 1000)
     """Write metrics every this many env steps."""
-    eval_episodes: int = 20
+    eval_episodes: int = declared(Integer(min=1, max=100_000), 20)
     """Episodes of the exported deterministic policy evaluated at the end of train_sac."""
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "learning_starts", "policy_frequency", "target_network_frequency", "buffer_size",
-                     "torch_threads", "log_every"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"SACConfig: {name}={getattr(self, name)} must be at least 1")
-        if not 0.0 < self.tau <= 1.0:
-            raise ConfigError(f"SACConfig: tau={self.tau} must lie in (0, 1]")
-        if self.rate_limit_slack < 1.0:
-            raise ConfigError(f"SACConfig: rate_limit_slack={self.rate_limit_slack} must be at least 1 (one batch), "
-                              "or inserts and samples could both wait forever")
-        if self.sde_sample_freq == 0 or self.sde_sample_freq < -1:
+        check_fields(self)
+        if self.sde_sample_freq == 0:
             raise ConfigError(f"SACConfig: sde_sample_freq={self.sde_sample_freq} must be -1 (each episode) or a "
                               "positive number of env steps")
         if self.sde_at_warmup and not self.use_sde:
@@ -155,6 +149,17 @@ class SACConfig:
     def from_dict(cls, values: dict[str, Any]) -> SACConfig:
         """Inverse of `to_dict`; unknown keys are an error."""
         return config_from_dict(cls, values)
+
+
+def check_sac_action_space(env_id: str, act_space: Any) -> None:
+    """Refuse an action space SAC cannot act in: not a Box, or unbounded (the actor is tanh-squashed)."""
+    gym = require("gymnasium", extra="cloud", purpose="SAC")
+    if not isinstance(act_space, gym.spaces.Box):
+        raise ConfigError(f"SACTrainer: {env_id!r} has action space {act_space}; SAC needs a Box action space "
+                          "(use PPO for Discrete actions)")
+    if not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
+        raise ConfigError(f"SACTrainer: {env_id!r} has unbounded actions {act_space}; the tanh-squashed actor "
+                          "needs finite action bounds")
 
 
 # -- pure loss functions ---------------------------------------------------------------------------------
@@ -235,7 +240,6 @@ class SACTrainer:
     def __init__(self, config: SACConfig, *, env_id: str, seed: int, total_steps: int,
                  replay: Replay | None = None) -> None:
         self.torch = torch = require("torch", extra="cloud", purpose="the SAC learner")
-        gym = require("gymnasium", extra="cloud", purpose="training environments")
         from cloud.learners._sac_networks import build_networks
         from cloud.rollout._envs import make_vector_env
         from device import space_to_json
@@ -246,15 +250,12 @@ class SACTrainer:
         torch.set_num_threads(config.torch_threads)
         torch.manual_seed(seed)
         self.envs = make_vector_env(env_id, num_envs=1, seed=seed, mode=config.env_mode)
-        act_space = self.envs.single_action_space
-        if not isinstance(act_space, gym.spaces.Box):
+        act_space: Any = self.envs.single_action_space
+        try:
+            check_sac_action_space(env_id, act_space)
+        except ConfigError:
             self.envs.close()
-            raise ConfigError(f"SACTrainer: {env_id!r} has action space {act_space}; SAC needs a Box action space "
-                              "(use PPO for Discrete actions)")
-        if not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
-            self.envs.close()
-            raise ConfigError(f"SACTrainer: {env_id!r} has unbounded actions {act_space}; the tanh-squashed actor "
-                              "needs finite action bounds")
+            raise
         self.act_space = act_space
         self.observation_space = space_to_json(self.envs.single_observation_space)
         self.action_space = space_to_json(act_space)

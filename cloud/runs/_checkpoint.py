@@ -9,10 +9,12 @@ under a checkpoint name, and names sort by version.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from device import ConfigError, atomic_file
+from device import ConfigError, atomic_file, shown
 
 CHECKPOINT_DIR = "checkpoints"
 """Sub-folder of a run dir that holds its checkpoints."""
@@ -53,28 +55,75 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+MAX_CHECKPOINT_BYTES = 8 << 30
+"""A checkpoint file above this is refused unread (strata's are MBs; a replay buffer's a few GB)."""
+
+_FIELDS: dict[str, type | tuple[type, ...]] = {"version": int, "global_step": int, "env_id": str, "config": dict}
+"""What every checkpoint holds, and of which type; the learner that restores one reads the rest under `reading`."""
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True`` (tensors and plain values only, never code)."""
+    """Load a checkpoint with ``weights_only=True`` (tensors and plain values only, never code).
+
+    Raises:
+        ConfigError: One line naming the file and what to do: missing, not a regular file, over
+            `MAX_CHECKPOINT_BYTES`, unreadable, or without the fields every checkpoint holds.
+    """
     import pickle
+    import stat
     import zipfile
 
     import torch
 
+    path = Path(path)
+    fallback = "delete it to fall back to the previous checkpoint"
     try:
-        state: dict[str, Any] = torch.load(Path(path), map_location="cpu", weights_only=True)
+        st = path.stat()
     except FileNotFoundError:
         raise ConfigError(f"load_checkpoint: {path} does not exist") from None
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
+    except OSError as exc:
+        raise ConfigError(f"load_checkpoint: {path} cannot be read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_CHECKPOINT_BYTES:
+        raise ConfigError(f"load_checkpoint: {path} is not a strata checkpoint (not a regular file, or over "
+                          f"{MAX_CHECKPOINT_BYTES:,} bytes); {fallback}")
+    try:
+        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile, KeyError,
+            IndexError, TypeError, AttributeError, UnicodeDecodeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"load_checkpoint: {path} is not a readable strata checkpoint (truncated, empty or "
-                          f"corrupt: {first[:160]}); delete it to fall back to the previous checkpoint") from None
+                          f"corrupt: {first[:160]}); {fallback}") from None
     if not isinstance(state, dict) or "version" not in state:
-        raise ConfigError(f"load_checkpoint: {path} is not a strata checkpoint (no version); delete it to fall "
-                          "back to the previous checkpoint")
+        raise ConfigError(f"load_checkpoint: {path} is not a strata checkpoint (no version); {fallback}")
     if state.get("format") != FORMAT:
-        raise ConfigError(f"load_checkpoint: {path} has checkpoint format {state.get('format')!r}, "
+        raise ConfigError(f"load_checkpoint: {path} has checkpoint format {shown(state.get('format'))}, "
                           f"this strata reads format {FORMAT}; export it with the strata that wrote it")
+    for name, kind in _FIELDS.items():
+        value = state.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool) or (isinstance(value, int) and value < 0):
+            raise ConfigError(f"load_checkpoint: {path} is damaged: {name} is {shown(value)}, not a "
+                              f"{getattr(kind, '__name__', kind)}; {fallback}")
+    if state.get("algo", "ppo") not in ("ppo", "sac"):
+        raise ConfigError(f"load_checkpoint: {path} is damaged: algo is {shown(state.get('algo'))}; {fallback}")
     return state
+
+
+@contextlib.contextmanager
+def reading(path: Path | None) -> Iterator[None]:
+    """Restore a learner (or build an export) from the checkpoint `path`: what it cannot read is one line.
+
+    A checkpoint that passed `load_checkpoint` can still hold tensors of the wrong shape or miss a learner's
+    keys (damage, or a file written by another strata); the restore fails with torch's or Python's own error,
+    which this turns into one line naming the file and what to do.
+    """
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as exc:
+        raise ConfigError(f"checkpoint {path} does not read back ({type(exc).__name__}: {shown(str(exc), 120)}); it "
+                          "is damaged or from another strata version: delete it to fall back to the previous "
+                          "checkpoint") from None
 
 
 def load_latest_checkpoint(run_dir: Path, *, caller: str) -> dict[str, Any]:
@@ -89,4 +138,8 @@ def load_latest_checkpoint(run_dir: Path, *, caller: str) -> dict[str, Any]:
 def resumed_config(cls: Any, run_dir: Path) -> Any:
     """The hyperparameters (``cls.from_dict``) of the run dir's newest checkpoint, or None when it has none."""
     path = latest_checkpoint(run_dir)
-    return None if path is None else cls.from_dict(load_checkpoint(path)["config"])
+    if path is None:
+        return None
+    state = load_checkpoint(path)
+    with reading(path):
+        return cls.from_dict(state["config"])

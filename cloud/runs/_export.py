@@ -20,7 +20,7 @@ import numpy as np
 
 from cloud.learners._distill import DistillConfig, DistillResult, distill_bundle
 from cloud.learners._onnx import OPSET, build_policy_graph, export_onnx, output_names, verify_onnx
-from cloud.runs._checkpoint import checkpoint_path, list_checkpoints, load_checkpoint, load_latest_checkpoint
+from cloud.runs._checkpoint import checkpoint_path, latest_checkpoint, list_checkpoints, load_checkpoint, reading
 from device import Bundle, ConfigError, SigningKey, build_bundle, write_atomic
 
 
@@ -86,8 +86,9 @@ def export_run(run_dir: Path, *, signing_key: SigningKey, version: int | None = 
     import torch
 
     run_dir = Path(run_dir)
-    state = _checkpoint_state(run_dir, version)
-    graph, preprocessing = policy_graph(state)
+    path, state = _checkpoint_state(run_dir, version)
+    with reading(path):
+        graph, preprocessing = policy_graph(state)
     obs_space, action_space = state["observation_space"], state["action_space"]
     model = export_onnx(graph, obs_shape=tuple(int(d) for d in obs_space["shape"]), action_space=action_space)
     max_abs_diff = verify_onnx(model, graph, obs_space=obs_space, action_space=action_space)
@@ -105,16 +106,43 @@ def export_run(run_dir: Path, *, signing_key: SigningKey, version: int | None = 
     return ExportResult(bundle=bundle, checkpoint=checkpoint_path(run_dir, policy_version), max_abs_diff=max_abs_diff)
 
 
-def _checkpoint_state(run_dir: Path, version: int | None) -> dict[str, Any]:
-    """The newest checkpoint's state, or that of `version`."""
+def _checkpoint_state(run_dir: Path, version: int | None) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint (or that of `version`) and its state."""
     if version is None:
-        return load_latest_checkpoint(run_dir, caller="export_run")
+        newest = latest_checkpoint(run_dir)
+        if newest is None:
+            raise ConfigError(f"--run {str(run_dir)!r} has no checkpoints; train one first with "
+                              "`strata train --run-dir DIR ...`")
+        return newest, load_checkpoint(newest)
     path = checkpoint_path(run_dir, version)
     if not path.exists():
         have = [int(p.stem) for p in list_checkpoints(run_dir)]
+        shown_have = f"{have[:10]}{' ...' if len(have) > 10 else ''}"
         raise ConfigError(f"export_run: run dir {str(run_dir)!r} has no checkpoint of version {version}; "
-                          f"it has {have}")
-    return load_checkpoint(path)
+                          f"it has {shown_have}")
+    return path, load_checkpoint(path)
+
+
+def check_export(run_dir: Path, version: int | None, *, device: bool = False) -> dict[str, Any]:
+    """What `export_run` reads, read and rebuilt (the checkpoint, its policy graph), without exporting anything.
+
+    With `device` (``strata export --tier device``), the env the micro policy is distilled on must be makeable too.
+
+    Raises:
+        ConfigError: No checkpoint, a damaged one (one line naming it), or an env that cannot be made.
+    """
+    path, state = _checkpoint_state(Path(run_dir), version)
+    with reading(path):
+        for name in ("observation_space", "action_space"):
+            if not isinstance(state.get(name), dict):
+                raise KeyError(f"{name} is missing")
+        policy_graph(state)
+    if device:
+        from device._deps import make_env
+
+        env: Any = make_env(state["env_id"], command="strata export --tier device", extra="cloud")
+        env.close()
+    return state
 
 
 def write_bundle(path: Path, bundle: Bundle) -> None:
@@ -157,14 +185,14 @@ def _teacher_bundle(teacher: Bundle | Path, signing_key: SigningKey) -> Bundle:
 def export_micro(args: Any, signing_key: SigningKey) -> int:
     """`strata export --tier device`: distil the run's policy into a signed micro bundle and report what it keeps."""
     teacher = export_run(Path(args.run), signing_key=signing_key, version=args.version).bundle
-    config = DistillConfig(weights=args.weights, steps_per_iteration=args.distill_steps)
+    config = DistillConfig(weights=args.weights or "fp32", steps_per_iteration=args.distill_steps or 2000)
     result = distill_bundle(teacher, signing_key=signing_key, config=config, policy=args.policy, ttl_s=args.ttl_s,
                             log=lambda line: print(f"strata export: {line}", flush=True))
     write_bundle(Path(args.out), result.bundle)
     m = result.bundle.manifest
     print(f"strata export: wrote {args.out}: micro policy {m.policy!r} version {m.version}, tier device, "
           f"{result.student_params:,} weights (teacher {result.teacher_params:,}), "
-          f"{m.producer.get('weights', args.weights)}, model "
+          f"{m.producer.get('weights', config.weights)}, model "
           f"{len(result.bundle.model):,} B; return {result.student_return:.1f} vs teacher {result.teacher_return:.1f} "
           f"({result.kept:.1%} kept)")
     return 0

@@ -24,6 +24,7 @@ import numpy as np
 from cloud.learners._sac import SACConfig, SACTrainer
 from cloud.replay._tables import ReplayStats
 from cloud.rollout._envs import episode_returns
+from cloud.runs._checkpoint import latest_checkpoint, reading
 from cloud.runs._export import default_policy_name
 from cloud.runs._run import RunSession, RunSpec, open_run
 from cloud.runs._stop import ROLLING_EVERY_S
@@ -115,7 +116,8 @@ def train_sac(config: SACConfig | None, *, env_id: str, run_dir: Path, seed: int
                     tensorboard=False) as session:
         session.on_close(trainer.close)
         if state is not None:
-            trainer.load_state_dict(state, seed=seed)
+            with reading(latest_checkpoint(spec.run_dir)):
+                trainer.load_state_dict(state, seed=seed)
         session.begin(mode=config.env_mode, step=trainer.global_step, version=trainer.global_step, control=status)
         trainer.run(total_steps, on_log=lambda step, values: _commit(session, trainer, step, values, log=log))
         if session.checkpointer.version != trainer.global_step:  # the budget is not a multiple of log_every

@@ -274,12 +274,13 @@ def trim_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> int:
         return 0
     kept: list[str] = []
     dropped = 0
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for raw in read_log(path).splitlines():
+        line = raw.decode("utf-8", errors="replace")
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             dropped += 1  # a line torn by a kill
             continue
         if isinstance(record, dict) and keep(record):
@@ -318,6 +319,32 @@ def resume_state(run_dir: Path, *, env_id: str, algo: str, caller: str, hint: st
                           f"resume with --env {state['env_id']}")
     if trim:
         stop_at = int(state["version"])
-        trim_jsonl(Path(run_dir) / METRICS_FILE, lambda r: int(r.get("policy_version", 0)) <= stop_at)
-        trim_jsonl(Path(run_dir) / SWITCHES_FILE, lambda r: int(r.get("at_version", 0)) <= stop_at)
+        trim_jsonl(Path(run_dir) / METRICS_FILE, lambda r: _version(r, "policy_version") <= stop_at)
+        trim_jsonl(Path(run_dir) / SWITCHES_FILE, lambda r: _version(r, "at_version") <= stop_at)
+    else:  # the check before a resume: the logs it would trim must read (size, regular files)
+        read_log(Path(run_dir) / METRICS_FILE)
+        read_log(Path(run_dir) / SWITCHES_FILE)
     return state
+
+
+MAX_LOG_BYTES = 1 << 30
+"""A run's metrics or switch log above this is refused (a long run writes a few MB)."""
+
+
+def read_log(path: Path) -> bytes:
+    """The bytes of a run's JSONL log (empty when there is none); one line naming the file when it cannot be."""
+    from device._options import read_bounded
+
+    if not path.exists() and not path.is_symlink():
+        return b""
+    return read_bounded(path, max_bytes=MAX_LOG_BYTES, what="run log")
+
+
+def _version(record: dict[str, Any], key: str) -> float:
+    """The version a log record was written at.
+
+    A damaged one (null, text) sorts past every checkpoint, so the trim before a resume drops it as it drops a
+    torn line.
+    """
+    value = record.get(key, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else float("inf")

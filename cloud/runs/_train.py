@@ -42,6 +42,7 @@ import numpy as np
 from cloud.learners._ppo_config import PPOConfig
 from cloud.rollout._collector import Episode
 from cloud.rollout._envs import make_vector_env, probe_spaces
+from cloud.runs._checkpoint import latest_checkpoint, reading
 from cloud.runs._progress import Progress
 from cloud.runs._run import RunSession, RunSpec, open_run
 from cloud.runs._stop import ROLLING_EVERY_S
@@ -245,7 +246,8 @@ class PPORun:
         self.generator = np.random.default_rng([spec.seed, self.version])
         check_exploration(config, switching.modes)
         obs_space, action_space = probe_spaces(spec.env_id)
-        self.learner = PPOLearner(obs_space, action_space, config, state)
+        with reading(latest_checkpoint(spec.run_dir) if state else None):
+            self.learner = PPOLearner(obs_space, action_space, config, state)
         self.spaces = {"observation_space": space_to_json(obs_space), "action_space": space_to_json(action_space)}
         self.switcher = self._build_switcher(switching, rules)
         session.on_close(self.switcher.close)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 import os
 import secrets
 import threading
@@ -75,13 +76,13 @@ def loopback_url(url: object, *, source: Path | str) -> str:
     import ipaddress
     import urllib.parse
 
-    parsed = urllib.parse.urlsplit(str(url))
-    host = parsed.hostname or ""
     try:
+        parsed = urllib.parse.urlsplit(str(url))
+        host, port = parsed.hostname or "", parsed.port
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if parsed.scheme != "http" or not loopback or parsed.port is None:
+    except ValueError:  # a bad port or host in a damaged control file
+        loopback, port = False, None
+    if parsed.scheme != "http" or not loopback or port is None:
         raise ControlError(f"{source} names the endpoint {str(url)[:100]!r}, which is not an http://127.0.0.1:PORT "
                            "loopback URL; the control token is never sent elsewhere. Remove the file if no job runs")
     return str(url)
@@ -234,9 +235,9 @@ class ControlClient:
         run_dir = Path(run_dir)
         path = run_dir / CONTROL_FILE
         try:
-            info = json.loads(path.read_text())
+            info = json.loads(_read_small(path))
             path = run_dir / TOKEN_FILE
-            token = path.read_text().strip()
+            token = _read_small(path).decode().strip()
             url = info["url"]
         except FileNotFoundError:
             raise ControlError(f"no running job in {str(run_dir)!r}: {path.name} is missing "
@@ -246,7 +247,7 @@ class ControlClient:
                                "(the token is readable by that user only)") from None
         except OSError as exc:
             raise ControlError(f"cannot read {path}: {exc.strerror or exc}") from None
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # UnicodeDecodeError is a ValueError
             raise ControlError(f"{path} is not a control file of a strata job (bad JSON or no url); remove it "
                                "if no job runs there") from None
         return cls(url=loopback_url(url, source=run_dir / CONTROL_FILE), token=token)
@@ -284,6 +285,17 @@ class ControlClient:
         return self._call("POST", "/v1/switch", body, timeout)
 
 
+def _read_small(path: Path) -> bytes:
+    """A control or token file: a regular file of at most 64 KB (OSError otherwise, as for a missing one)."""
+    if path.exists() and not path.is_file():
+        raise OSError(21, "not a regular file", str(path))
+    with path.open("rb") as f:
+        data = f.read(65537)
+    if len(data) > 65536:
+        raise ValueError(f"{path} is over 64 KB")
+    return data
+
+
 def last_record(path: Path, *, having: str | None = None) -> dict[str, Any]:
     """The last complete JSON line of a JSONL file (holding the key `having`, if given); empty when none."""
     if not path.exists():
@@ -294,12 +306,24 @@ def last_record(path: Path, *, having: str | None = None) -> dict[str, Any]:
         lines = f.read().splitlines()
     for line in reversed(lines):
         try:
-            record: dict[str, Any] = json.loads(line)
-        except ValueError:  # a line cut by a crash or by the tail window
+            record = json.loads(line)
+        except (ValueError, RecursionError):  # a line cut by a crash or by the tail window
             continue
-        if having is None or having in record:
+        if isinstance(record, dict) and (having is None or having in record):
             return record
     return {}
+
+
+def _of(value: Any, kind: type) -> Any:
+    """`value` when it is of `kind` (an int counts as a float, a bool as neither), else None.
+
+    A damaged log line shows as "-" in `strata runs`, never as a crash.
+    """
+    if isinstance(value, bool):
+        return None
+    if kind is float and isinstance(value, int | float):
+        return float(value) if math.isfinite(value) else None
+    return value if isinstance(value, kind) else None
 
 
 def list_runs(root: Path) -> list[dict[str, Any]]:
@@ -315,13 +339,13 @@ def list_runs(root: Path) -> list[dict[str, Any]]:
         control = run_dir / CONTROL_FILE
         if control.exists():
             try:
-                pid = int(json.loads(control.read_text())["pid"])
+                pid = int(json.loads(_read_small(control))["pid"])
                 info["state"] = "running" if pid_alive(pid) else "crashed"
             except (ValueError, KeyError, TypeError, OSError):  # unreadable (another user's run) or torn
                 info["state"] = "unknown"
         last = last_record(run_dir / "metrics.jsonl", having="charts/mean_return_20")
         switch = last_record(run_dir / SWITCHES_FILE)
-        info.update(step=last.get("global_step"), version=last.get("policy_version"),
-                    mean_return=last.get("charts/mean_return_20"), mode=switch.get("to_mode"))
+        info.update(step=_of(last.get("global_step"), int), version=_of(last.get("policy_version"), int),
+                    mean_return=_of(last.get("charts/mean_return_20"), float), mode=_of(switch.get("to_mode"), str))
         runs.append(info)
     return runs

@@ -24,7 +24,8 @@ from cloud._errors import CloudError
 from cloud.rollout._sources import FragmentFeed, RolloutSource, VectorEnvSource
 from cloud.switching._control import RunStatus
 from cloud.switching._switcher import Switcher, SwitchRules
-from device import ConfigError
+from device import ConfigError, shown
+from device._options import HostPort, Integer, Many, Matching, Name, check_fields, declared
 
 FRAGMENT_MODES = ("fragments", "functions")
 
@@ -33,22 +34,26 @@ FRAGMENT_MODES = ("fragments", "functions")
 class SwitchingConfig:
     """Which modes a training job may run in and how it moves between them."""
 
-    modes: tuple[str, ...] = ()
+    modes: tuple[str, ...] = declared(Many(item=Name(), max_items=8, unique=True), ())
     """Modes of the run; the first is the initial one. Empty: just PPOConfig.env_mode."""
     warm_standby: bool = True
     """Start every mode at the beginning and keep the idle ones warm, so a switch pauses briefly."""
     functions: Literal["local", "aws"] = "local"
     """Where the ``functions`` mode invokes rollout functions: the local runtime or AWS Lambda."""
-    function_name: str = "strata-rollout"
+    function_name: str = declared(Matching(pattern=r"[A-Za-z0-9_:.-]{1,170}", example="strata-rollout",
+                                           words="a Lambda function name or ARN"), "strata-rollout")
     """Lambda function of the ``functions`` mode."""
-    fragment_steps: int = 128
+    fragment_steps: int = declared(Integer(min=1, max=1_000_000), 128)
     """Steps one function invocation simulates (a multiple of num_steps; one stream per invocation). Functions
     are stateless, so each stream's running episode travels with the invocation and the next one continues it
     (functions/_envstate.py); for an env without an env-state codec episodes end at this length."""
-    env_services: str = ""
+    env_services: str = declared(HostPort(empty=True, several=True), "")
     """``HOST:PORT,...`` of running env services for ``decoupled``; empty: the job starts its own."""
     control: bool = True
     """Serve the control endpoint (``strata switch``/``status``) on loopback while the job runs."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 class PolicyPublisher:
@@ -94,6 +99,34 @@ def check_exploration(config: Any, modes: tuple[str, ...]) -> None:
                           "or that mode")
 
 
+def check_modes(config: Any, switching: SwitchingConfig, *, rules: SwitchRules | None = None) -> tuple[str, ...]:
+    """The run's modes, each refused in one line before anything is built.
+
+    Unknown or repeated modes, gSDE in a fragment mode, a fragment length that does not cut into updates, a
+    rule's target mode the run does not have.
+
+    `config` is the run's `PPOConfig`. Returns the modes (``config.env_mode`` alone when none are listed).
+    """
+    from cloud.rollout._envs import VECTOR_ENV_MODES
+
+    modes = switching.modes or (config.env_mode,)
+    known = sorted({*VECTOR_ENV_MODES, *FRAGMENT_MODES})
+    unknown = [m for m in modes if m not in VECTOR_ENV_MODES and m not in FRAGMENT_MODES]
+    if unknown:
+        raise ConfigError(f"train: mode {shown(unknown[0])} is not known; choose from {known}")
+    if len(set(modes)) != len(modes):
+        raise ConfigError(f"train: --modes {','.join(modes)} names a mode twice")
+    check_exploration(config, modes)
+    steps = switching.fragment_steps
+    if "functions" in modes and (steps % config.num_steps or config.num_envs % (steps // config.num_steps)):
+        raise ConfigError(f"train: fragment_steps={steps} must be a multiple of num_steps={config.num_steps} "
+                          f"that cuts into a divisor of num_envs={config.num_envs} pieces")
+    if rules is not None and (rules.phase_steps or rules.plateau_updates) and rules.phase_to not in modes:
+        raise ConfigError(f"train: the phase schedule moves to --phase-to {shown(rules.phase_to)}, which is not one "
+                          f"of the run's --modes {' '.join(modes)}; add it to --modes or pick one of them")
+    return modes
+
+
 def build_switcher(*, env_id: str, config: Any, switching: SwitchingConfig, rules: SwitchRules, run_dir: Path,
                    seed: int, agent: Any, normalizer: Any, publisher: PolicyPublisher | None,
                    log: Callable[[str], None], first_version: int = 0,
@@ -102,16 +135,9 @@ def build_switcher(*, env_id: str, config: Any, switching: SwitchingConfig, rule
 
     `colocated_workers` fixes the worker processes of the ``colocated`` mode's pool (None: its own choice).
     """
-    from cloud.rollout._envs import VECTOR_ENV_MODES, make_vector_env
+    from cloud.rollout._envs import make_vector_env
 
-    modes = switching.modes or (config.env_mode,)
-    unknown = [m for m in modes if m not in VECTOR_ENV_MODES and m not in FRAGMENT_MODES]
-    if unknown:
-        raise ConfigError(f"train: modes {unknown} are not known; choose from "
-                          f"{sorted({*VECTOR_ENV_MODES, *FRAGMENT_MODES})}")
-    if len(set(modes)) != len(modes):
-        raise ConfigError(f"train: --modes {','.join(modes)} names a mode twice")
-    check_exploration(config, modes)
+    modes = check_modes(config, switching)
     if any(m in FRAGMENT_MODES for m in modes) and publisher is None:
         raise ConfigError("train: fragment modes need a policy publisher")
     builders: dict[str, Callable[[], RolloutSource]] = {}
@@ -179,10 +205,7 @@ def _fragment_builder(mode: str, *, env_id: str, config: Any, switching: Switchi
     steps = switching.fragment_steps
     if mode == "functions":
         # One env stream per invocation, cut into steps / num_steps update columns: an update takes
-        # num_envs / columns invocations, all in flight at once.
-        if steps % config.num_steps or config.num_envs % (steps // config.num_steps):
-            raise ConfigError(f"train: fragment_steps={steps} must be a multiple of num_steps={config.num_steps} "
-                              f"that cuts into a divisor of num_envs={config.num_envs} pieces")
+        # num_envs / columns invocations, all in flight at once (`check_modes` made sure they cut evenly).
         invocations = config.num_envs // (steps // config.num_steps)
 
         def make_producer() -> Any:

@@ -45,6 +45,7 @@ from cloud._errors import CloudError
 from cloud.rollout._sources import RolloutSource
 from cloud.switching._control import SwitchRefused
 from device import ConfigError, RolloutBatch, StrataError
+from device._options import Integer, Name, Number, check_fields, declared
 
 
 class SwitchError(CloudError):
@@ -56,42 +57,34 @@ class SwitchRules:
     """When the switcher moves a run by itself. Every rule is off unless configured."""
 
     # --- phase schedule ---
-    phase_steps: int | None = None
+    phase_steps: int | None = declared(Integer(min=0, max=10**12), None)
     """Start in the initial mode, move to phase_to once this many env steps are done (None: off)."""
-    phase_to: str = "decoupled"
+    phase_to: str = declared(Name(), "decoupled")
     """Mode of the second phase."""
-    plateau_updates: int | None = None
+    plateau_updates: int | None = declared(Integer(min=1, max=10**9), None)
     """Also start the second phase when the 20-episode mean return gained less than plateau_delta
     over this many updates (None: off)."""
-    plateau_delta: float = 1.0
+    plateau_delta: float = declared(Number(), 1.0)
     """Smallest gain in mean return that is not a plateau."""
     # --- design thresholds ---
     thresholds: bool = False
     """Apply the design's thresholds: a fast env (steps/s above fast_env_steps_per_s) favours
     co-located, a big env (memory above big_env_bytes) favours decoupled."""
-    fast_env_steps_per_s: float = 5000.0
+    fast_env_steps_per_s: float = declared(Number(min=0.0, max=1e12, min_open=True), 5000.0)
     """Env step rate above which co-located is favoured."""
-    big_env_bytes: int = 4 << 30
+    big_env_bytes: int = declared(Integer(min=0, max=2**62, unit="bytes"), 4 << 30)
     """Per-env memory above which decoupled is favoured."""
     # --- measured check and hysteresis ---
     probe: bool = False
     """Before an automatic switch, measure the other mode and switch only if it is faster (or if
     capacity is needed: the memory threshold)."""
-    probe_margin: float = 1.1
+    probe_margin: float = declared(Number(min=1.0, max=1e6), 1.1)
     """The other mode must be this many times faster to win a probe."""
-    min_dwell_updates: int = 5
+    min_dwell_updates: int = declared(Integer(min=0, max=10**9), 5)
     """Hysteresis: no automatic switch within this many updates of the previous switch."""
 
     def __post_init__(self) -> None:
-        if self.phase_steps is not None and self.phase_steps < 0:
-            raise ConfigError(f"SwitchRules: phase_steps must be >= 0 env steps, got {self.phase_steps}; pass "
-                              "--phase-steps N with N >= 0, or leave it out to switch by hand only")
-        if self.plateau_updates is not None and self.plateau_updates < 1:
-            raise ConfigError(f"SwitchRules: plateau_updates must be >= 1, got {self.plateau_updates}")
-        if self.min_dwell_updates < 0:
-            raise ConfigError(f"SwitchRules: min_dwell_updates must be >= 0, got {self.min_dwell_updates}")
-        if self.probe_margin < 1.0:
-            raise ConfigError(f"SwitchRules: probe_margin must be >= 1.0 (or it flaps), got {self.probe_margin}")
+        check_fields(self)
 
 
 @dataclass(frozen=True, kw_only=True)

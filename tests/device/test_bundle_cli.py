@@ -62,4 +62,4 @@ def test_bad_files_exit_2_with_reason(tmp_path: Path) -> None:
     result = run_strata("bundle", "inspect", str(junk))
     assert result.returncode == 2 and "bad magic" in result.stderr and "Traceback" not in result.stderr
     missing = run_strata("bundle", "verify", str(tmp_path / "nope.bundle"), "--trust", str(junk))
-    assert missing.returncode == 2 and "cannot read" in missing.stderr
+    assert missing.returncode == 2 and "nope.bundle': does not exist" in missing.stderr

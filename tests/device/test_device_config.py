@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from device import generate_keypair
 from tests._cli import run_strata
 
 DEVICE_TOML = """
@@ -19,6 +20,7 @@ budget_ms = 50
 
 
 def test_device_config_show_merges_file_environment_and_flags(tmp_path: Path) -> None:
+    generate_keypair(tmp_path / "keys", name="fleet")
     path = tmp_path / "device.toml"
     path.write_text(DEVICE_TOML)
     r = run_strata("device", "config", "show", "--config", str(path), "--device-id", "d9",
@@ -32,6 +34,7 @@ def test_device_config_show_merges_file_environment_and_flags(tmp_path: Path) ->
 
 
 def test_device_config_errors_are_one_line(tmp_path: Path) -> None:
+    generate_keypair(tmp_path / "keys", name="fleet")
     path = tmp_path / "device.toml"
     path.write_text(DEVICE_TOML.replace("budget_ms = 50", "budget = 50"))
     for argv in (["device", "config", "show", "--config", str(path)],

@@ -100,7 +100,7 @@ def test_payloads_are_validated() -> None:
         EscalationReply.decode(topic, b'{"id": "a"}')
     assert DeviceTopics("f", "e").device_of_request("strata/f/edges/e/devices/d/request") == "d"
     assert DeviceTopics("f", "e").device_of_request("strata/f/edges/other/devices/d/request") is None
-    with pytest.raises(ConfigError, match=re.escape("device id 'a/b' cannot be an MQTT topic segment")):
+    with pytest.raises(ConfigError, match=re.escape("DeviceConfig.device_id 'a/b': must be 1-64 letters")):
         DeviceConfig(device_id="a/b")
 
 

@@ -63,13 +63,13 @@ def test_broker_config_writes_files(tmp_path: Path) -> None:
 def test_errors_are_one_clean_line(tmp_path: Path) -> None:
     missing = run_strata("publish", str(tmp_path / "nope.bundle"), "--broker", "mqtt://127.0.0.1:1", "--fleet", "f")
     assert missing.returncode == 2
-    assert "strata publish: error: strata publish: cannot read" in missing.stderr
+    assert f"strata publish: error: FILE {str(tmp_path / 'nope.bundle')!r}: does not exist" in missing.stderr
     bad = run_strata("edge", "run", "--fleet", "a/b", "--node-id", "n", "--cache-dir", str(tmp_path), "--trust", "x")
     assert bad.returncode == 2
-    assert "fleet 'a/b' cannot be an MQTT topic segment" in bad.stderr
+    assert "--fleet 'a/b': must be 1-64 letters, digits, '_', '-' or '.'" in bad.stderr
     assert "Traceback" not in bad.stderr + missing.stderr
     nopw = run_strata("fleet", "--broker", "mqtt://127.0.0.1:1", "--fleet", "f", "--password-file",
                       str(tmp_path / "missing.password"))
-    assert nopw.returncode == 2 and "cannot read the broker password file" in nopw.stderr
+    assert nopw.returncode == 2 and "--password-file" in nopw.stderr and "does not exist" in nopw.stderr
     url = run_strata("fleet", "--broker", "http://x", "--fleet", "f")
-    assert url.returncode == 2 and "is not of the form mqtt://host:port" in url.stderr
+    assert url.returncode == 2 and "--broker 'http://x': must be a URL mqtt://HOST[:PORT]" in url.stderr

@@ -38,17 +38,24 @@ def test_edge_run_refuses_bad_cache_folders_envs_and_a_missing_broker(tmp_path: 
     base = ["edge", "run", "--fleet", "f", "--node-id", "n1", "--trust", str(pub), "--steps", "5"]
     regular = tmp_path / "a-file"
     regular.write_text("x")
-    for cache_dir in (regular / "cache", regular, Path("/proc/strata-cache")):
-        _one_clean_line(run_strata(*base, "--cache-dir", str(cache_dir)), f"--cache-dir {str(cache_dir)!r}",
-                        "pass a writable folder")
+    for cache_dir, why in ((regular / "cache", "to be a folder, but it is a file"),
+                           (regular, "exists and is not a folder")):
+        _one_clean_line(run_strata(*base, "--cache-dir", str(cache_dir)), f"--cache-dir {str(cache_dir)!r}", why)
+    _one_clean_line(run_strata(*base, "--cache-dir", "/proc/strata-cache", "--broker", "mqtt://127.0.0.1:1"),
+                    "--cache-dir '/proc/strata-cache'", "pass a writable folder")
     _one_clean_line(run_strata(*base, "--cache-dir", str(tmp_path / "c1"), "--env", "NoSuchEnv-v9"),
                     "--env 'NoSuchEnv-v9'", "CartPole-v1")
     _one_clean_line(run_strata(*base, "--cache-dir", str(tmp_path / "c2")), "no --broker", "--broker mqtt://")
     _one_clean_line(run_strata(*base, "--cache-dir", str(tmp_path / "c3"), "--broker", "mqtt://127.0.0.1:1",
-                               "--ca-file", str(tmp_path / "missing.pem")), "cannot load the TLS files")
+                               "--ca-file", str(tmp_path / "missing.pem")), "--ca-file", "does not exist")
+    bad_pem = tmp_path / "bad.pem"
+    bad_pem.write_text("not a certificate\n")
+    _one_clean_line(run_strata(*base, "--cache-dir", str(tmp_path / "c3"), "--broker", "mqtt://127.0.0.1:1",
+                               "--ca-file", str(bad_pem)), "the TLS files", "cannot be used")
     _one_clean_line(run_strata(*base, "--cache-dir", str(tmp_path / "c4"), "--trust", str(tmp_path / "nokey.pub")))
     _one_clean_line(run_strata(*base, "--cache-dir", str(tmp_path / "c5"), "--broker", "mqtt://127.0.0.1:1",
-                               "--password-file", str(tmp_path / "nopw")), "cannot read the broker password file")
+                               "--password-file", str(tmp_path / "nopw")), "--password-file", "does not exist")
+    assert not any((tmp_path / f"c{i}").exists() for i in range(1, 6))  # nothing made on a refusal
 
 
 def test_publish_fleet_and_broker_config_refuse_bad_arguments(tmp_path: Path) -> None:
@@ -56,25 +63,27 @@ def test_publish_fleet_and_broker_config_refuse_bad_arguments(tmp_path: Path) ->
     not_a_bundle.write_bytes(b"not a bundle")
     link = ["--broker", "mqtt://127.0.0.1:1", "--fleet", "f"]
     _one_clean_line(run_strata("publish", str(not_a_bundle), *link), "strata publish: error:")
-    _one_clean_line(run_strata("publish", str(tmp_path), *link), "cannot read")
-    _one_clean_line(run_strata("publish", str(not_a_bundle), *link, "--timeout", "-1"), "--timeout -1.0")
+    _one_clean_line(run_strata("publish", str(tmp_path), *link), "is a folder")
+    _one_clean_line(run_strata("publish", str(not_a_bundle), *link, "--timeout", "-1"),
+                    "--timeout '-1': must be a finite number of seconds above 0 and at most 3600")
     _one_clean_line(run_strata("publish", str(not_a_bundle), "--broker", "http://x", "--fleet", "f"),
                     "strata publish: error:")
-    _one_clean_line(run_strata("fleet", *link, "--wait", "-1"), "--wait -1.0")
-    _one_clean_line(run_strata("fleet", *link, "--nodes", "a/b"), "node id 'a/b'")
-    _one_clean_line(run_strata("fleet", "--broker", "mqtt://127.0.0.1:1", "--fleet", "a+b"), "fleet 'a+b'")
+    _one_clean_line(run_strata("fleet", *link, "--wait", "-1"), "--wait '-1': must be a finite number of seconds")
+    _one_clean_line(run_strata("fleet", *link, "--nodes", "a/b"), "--nodes 'a/b': item 'a/b' must be 1-64 letters")
+    _one_clean_line(run_strata("fleet", "--broker", "mqtt://127.0.0.1:1", "--fleet", "a+b"), "--fleet 'a+b'")
     _one_clean_line(run_strata("fleet", *link, "--ca-file", str(tmp_path / "missing.pem")),
-                    "cannot load the TLS files")
+                    "--ca-file", "does not exist")
     regular = tmp_path / "a-file"
     regular.write_text("x")
     _one_clean_line(run_strata("broker", "config", "--out", str(regular / "bc"), "--fleet", "f", "--nodes", "a"),
-                    "cannot write into", "--out")
+                    "--out", "to be a folder, but it is a file")
     _one_clean_line(run_strata("broker", "config", "--out", str(tmp_path / "bc"), "--fleet", "f", "--nodes", ""),
-                    "need at least one node")
+                    "--nodes '': must be a list of at least 1")
     _one_clean_line(run_strata("broker", "config", "--out", str(tmp_path / "bc"), "--fleet", "f", "--nodes", "a",
-                               "--port", "70000"), "port 70000")
+                               "--port", "70000"), "--port '70000': must be a TCP port from 1 to 65535")
     _one_clean_line(run_strata("broker", "config", "--out", str(tmp_path / "bc"), "--fleet", "f", "--nodes",
-                               "a,cloud"), "distinct user names")
+                               "a,cloud"), "'cloud' named twice across --cloud-user, --nodes and --devices")
+    assert not (tmp_path / "bc").exists()
 
 
 def test_publish_exits_nonzero_when_the_broker_is_unreachable(tmp_path: Path) -> None:
@@ -143,7 +152,7 @@ def test_edge_run_on_a_read_only_filesystem_and_in_an_immutable_folder(tmp_path:
         result = subprocess.run(["unshare", "-m", "sh", "-c", f'{mount} && exec "$@"', "sh", STRATA, *base,
                                  "--cache-dir", str(cache_dir)], capture_output=True, text=True, env=os.environ,
                                 timeout=120)
-        _one_clean_line(result, f"--cache-dir {str(cache_dir)!r}", "Read-only file system")
+        _one_clean_line(result, f"--cache-dir {str(cache_dir)!r}", "writable")
     immutable = tmp_path / "immutable"
     immutable.mkdir()
     if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(immutable)],
@@ -152,6 +161,6 @@ def test_edge_run_on_a_read_only_filesystem_and_in_an_immutable_folder(tmp_path:
     try:
         for cache_dir in (immutable, immutable / "cache"):
             _one_clean_line(run_strata(*base, "--cache-dir", str(cache_dir)), f"--cache-dir {str(cache_dir)!r}",
-                            "Operation not permitted")
+                            "writable")
     finally:
         subprocess.run(["chattr", "-i", str(immutable)], check=True)
