@@ -680,9 +680,16 @@ class Many(Kind):
 
     @property
     def form(self) -> str:
-        count = _between(self.min_items or None, self.max_items)
-        many = f"a list {count} " if count else "a list "
-        return f"{many}of {self.item.form}" + (", each once" if self.unique else "")
+        lo, hi = self.min_items or None, self.max_items
+        if lo is not None and hi is not None:
+            count = f"of {lo} to {hi} items"
+        elif lo is not None:
+            count = f"of at least {lo} item{'s' if lo > 1 else ''}"
+        elif hi is not None:
+            count = f"of at most {hi} items"
+        else:
+            count = "of items"
+        return f"a list {count}, each {self.item.form}" + (", none twice" if self.unique else "")
 
     def parse(self, text: str) -> tuple[Any, ...]:
         return self.check(tuple(self._item(part.strip(), self.item.parse) for part in text.split(self.sep)

@@ -78,7 +78,7 @@ def test_publish_fleet_and_broker_config_refuse_bad_arguments(tmp_path: Path) ->
     _one_clean_line(run_strata("broker", "config", "--out", str(regular / "bc"), "--fleet", "f", "--nodes", "a"),
                     "--out", "to be a folder, but it is a file")
     _one_clean_line(run_strata("broker", "config", "--out", str(tmp_path / "bc"), "--fleet", "f", "--nodes", ""),
-                    "--nodes '': must be a list of at least 1")
+                    "--nodes '': must be a list of 1 to 10000 items")
     _one_clean_line(run_strata("broker", "config", "--out", str(tmp_path / "bc"), "--fleet", "f", "--nodes", "a",
                                "--port", "70000"), "--port '70000': must be a TCP port from 1 to 65535")
     _one_clean_line(run_strata("broker", "config", "--out", str(tmp_path / "bc"), "--fleet", "f", "--nodes",

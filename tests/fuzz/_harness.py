@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from tests.fuzz import _commands, _values
@@ -49,6 +50,21 @@ CHECK_SECONDS = 30.0
 loaded machine)."""
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1", "PIP_NO_INDEX": "1"}
+
+
+def quick(examples: int) -> settings:
+    """The default run's budget: `examples` fixed examples per test (derandomized, so `make test` repeats itself).
+
+    ``STRATA_FUZZ_EXAMPLES=N`` draws N fresh random examples per test instead (a longer local hunt).
+    """
+    chosen = os.environ.get("STRATA_FUZZ_EXAMPLES")
+    return settings(max_examples=int(chosen or examples), deadline=None, derandomize=chosen is None, database=None,
+                    suppress_health_check=list(HealthCheck))
+
+
+def long(examples: int) -> settings:
+    """The ``-m slow`` budget: `examples` fresh random examples per test."""
+    return settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
 
 @dataclass(frozen=True)

@@ -439,12 +439,32 @@ def classify(case: Case, outcome: Outcome) -> dict[str, Any]:
     return record
 
 
+def sample(cases: list[Case], per_option: int) -> list[Case]:
+    """At most `per_option` cases of each (command, option), one of each family first, drawn with a fixed seed."""
+    import random
+
+    rng = random.Random(33)
+    groups: dict[tuple[str, str], list[Case]] = defaultdict(list)
+    for case in cases:
+        groups[(case.command, case.option)].append(case)
+    kept: list[Case] = []
+    for group in groups.values():
+        rng.shuffle(group)
+        by_family = {c.family: c for c in reversed(group)}
+        first = list(by_family.values())
+        rest = [c for c in group if c not in first]
+        kept += (first + rest)[:per_option]
+    return kept
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--only", default="", help="comma-separated commands to run (default: all)")
     parser.add_argument("--skip", default="", help="comma-separated commands to leave out")
     parser.add_argument("--groups", default="options,config,written")
+    parser.add_argument("--per-option", type=int, default=0,
+                        help="run at most N cases per (command, option), drawn with a fixed seed (0: all)")
     args = parser.parse_args()
     import gymnasium  # noqa: F401  (warm the forked children)
     import onnxruntime  # noqa: F401
@@ -469,6 +489,8 @@ def main() -> int:
         cases += [c for c in config_cases(places) if (not only or c.command in only) and c.command not in skip]
     if "written" in groups:
         cases += [c for c in written_cases(places) if (not only or c.command in only) and c.command not in skip]
+    if args.per_option:
+        cases = sample(cases, args.per_option)
     print(f"census: {len(cases)} cases", file=sys.stderr, flush=True)
     found: Counter[str] = Counter()
     distinct: dict[str, set[tuple[str, str, str]]] = defaultdict(set)

@@ -7,21 +7,15 @@ fresh random examples. Which commands run to their end and which run their check
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.fuzz import _harness, _values
 
 COMMANDS = _harness.commands()
-QUICK = settings(max_examples=int(os.environ.get("STRATA_FUZZ_EXAMPLES", "12")), deadline=None,
-                 derandomize="STRATA_FUZZ_EXAMPLES" not in os.environ, database=None,
-                 suppress_health_check=list(HealthCheck))
-"""The default run: a fixed set of examples (derandomized, so `make test` is repeatable); STRATA_FUZZ_EXAMPLES=N
-draws N fresh ones per command instead."""
-LONG = settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+QUICK = _harness.quick(12)
+LONG = _harness.long(300)
 
 
 def test_every_option_of_every_command_is_declared() -> None:

@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from device._config_file import ConfigLayout
 from tests.fuzz import _harness, _values
 
-QUICK = settings(max_examples=int(os.environ.get("STRATA_FUZZ_EXAMPLES", "40")), deadline=None,
-                 derandomize="STRATA_FUZZ_EXAMPLES" not in os.environ, database=None,
-                 suppress_health_check=list(HealthCheck))
-LONG = settings(max_examples=400, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+QUICK = _harness.quick(40)
+LONG = _harness.long(400)
 
 
 def _layouts() -> dict[str, ConfigLayout]:

@@ -11,21 +11,18 @@ to do, never a traceback. Commands run to their end where that is cheap: a resum
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.fuzz import _harness, _values
 
-QUICK = settings(max_examples=int(os.environ.get("STRATA_FUZZ_EXAMPLES", "10")), deadline=None,
-                 derandomize="STRATA_FUZZ_EXAMPLES" not in os.environ, database=None,
-                 suppress_health_check=list(HealthCheck))
-LONG = settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+QUICK = _harness.quick(10)
+LONG = _harness.long(200)
 
 RESUME = ["train", "--env", "CartPole-v1", "--run-dir", "run", "--total-steps", "256", "--resume", "--env-mode",
           "sync", "--preset", "none", "--confirm-episodes", "0", "--no-control"]
