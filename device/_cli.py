@@ -161,6 +161,7 @@ def _device_config_checked(args: argparse.Namespace) -> tuple[ConfigLayout, Laye
     from device._errors import ConfigError
     from device._keys import TrustStore
     from device._mqtt import tls_context
+    from device._names import shown
 
     layout, layered = _layered_device_config(args)
     config = layered.config
@@ -176,7 +177,8 @@ def _device_config_checked(args: argparse.Namespace) -> tuple[ConfigLayout, Laye
             tls_context(ca_file=config.ca_file, cert_file=config.cert_file, key_file=config.key_file)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
             raise ConfigError(f"strata device: the TLS files (ca_file, cert_file, key_file) cannot be used: "
-                              f"{exc}; pass PEM files of the broker's CA and this device's certificate") from None
+                              f"{shown(str(exc), 160)}; pass PEM files of the broker's CA and this device's "
+                              "certificate") from None
     return layout, layered
 
 

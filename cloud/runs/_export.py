@@ -21,7 +21,7 @@ import numpy as np
 from cloud.learners._distill import DistillConfig, DistillResult, distill_bundle
 from cloud.learners._onnx import OPSET, build_policy_graph, export_onnx, output_names, verify_onnx
 from cloud.runs._checkpoint import checkpoint_path, latest_checkpoint, list_checkpoints, load_checkpoint, reading
-from device import Bundle, ConfigError, SigningKey, build_bundle, write_atomic
+from device import Bundle, ConfigError, SigningKey, build_bundle, shown, write_atomic
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def _checkpoint_state(run_dir: Path, version: int | None) -> tuple[Path, dict[st
     if version is None:
         newest = latest_checkpoint(run_dir)
         if newest is None:
-            raise ConfigError(f"--run {str(run_dir)!r} has no checkpoints; train one first with "
+            raise ConfigError(f"export_run: run dir {shown(str(run_dir))} has no checkpoints; train one first with "
                               "`strata train --run-dir DIR ...`")
         return newest, load_checkpoint(newest)
     path = checkpoint_path(run_dir, version)

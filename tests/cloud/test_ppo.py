@@ -26,12 +26,12 @@ torch.set_num_threads(1)
 
 
 def test_config_validates_and_round_trips() -> None:
-    with pytest.raises(ConfigError, match=re.escape("PPOConfig: num_envs must be >= 1, got 0")):
+    with pytest.raises(ConfigError, match=re.escape("PPOConfig.num_envs 0: must be an integer from 1 to 4096")):
         PPOConfig(num_envs=0)
     with pytest.raises(ConfigError, match=re.escape(
             "PPOConfig: num_envs * num_steps = 256 must be divisible by num_minibatches = 3")):
         PPOConfig(num_minibatches=3)
-    with pytest.raises(ConfigError, match=re.escape("PPOConfig: gamma must be within [0, 1], got 1.5")):
+    with pytest.raises(ConfigError, match=re.escape("PPOConfig.gamma 1.5: must be a finite number from 0 to 1")):
         PPOConfig(gamma=1.5)
     config = PPOConfig(hidden_sizes=(32,), num_envs=4, num_steps=16, num_minibatches=2)
     assert config.batch_size == 64 and config.minibatch_size == 32 and config.num_updates(1000) == 15
@@ -48,7 +48,8 @@ def test_every_config_field_is_documented_in_help() -> None:
     text = parser.format_help()
     for f in dataclasses.fields(PPOConfig):
         assert "--" + f.name.replace("_", "-") in text
-    assert "Lambda of generalised advantage estimation. (default: 0.8)" in " ".join(text.split())
+    assert "Lambda of generalised advantage estimation. (a finite number from 0 to 1; default: 0.8)" in " ".join(
+        text.split())
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
@@ -60,7 +61,7 @@ def test_float_flags_refuse_what_is_not_a_finite_number(value: str, capsys: pyte
     with pytest.raises(SystemExit) as exited:
         parser.parse_args([f"--sde-log-std-init={value}"])
     assert exited.value.code == 2
-    assert f"argument --sde-log-std-init: '{value}' is not a finite number" in capsys.readouterr().err
+    assert f"argument --sde-log-std-init: '{value}': must be a finite number from -20 to 5" in capsys.readouterr().err
     assert parser.parse_args(["--sde-log-std-init", "-2.5"]).sde_log_std_init == -2.5
 
 
@@ -223,7 +224,8 @@ def _batch(rewards: np.ndarray, dones: np.ndarray) -> RolloutBatch:
 
 def test_checkpoints_are_atomic_sorted_and_weights_only(tmp_path: Path) -> None:
     for version in (10, 2):
-        save_checkpoint(tmp_path, {"version": version, "weights": torch.ones(3) * version})
+        save_checkpoint(tmp_path, {"version": version, "global_step": version, "env_id": "CartPole-v1", "config": {},
+                                   "weights": torch.ones(3) * version})
     assert [p.name for p in list_checkpoints(tmp_path)] == ["000000002.pt", "000000010.pt"]
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.suffix != ".pt"]
     assert load_latest_checkpoint(tmp_path, caller="t")["weights"].tolist() == [10.0] * 3
@@ -263,7 +265,8 @@ def test_resume_without_checkpoint_or_of_another_algorithm_is_refused(tmp_path: 
     with pytest.raises(ConfigError, match=re.escape("--resume given but run dir")):
         train(env_id="CartPole-v1", total_steps=100, run_dir=tmp_path, resume=True, progress=False)
     # A SAC run's checkpoint is not read as PPO's (its config would fail as "unknown fields", naming nothing useful).
-    save_checkpoint(tmp_path, {"algo": "sac", "env_id": "Pendulum-v1", "version": 3, "config": {"tau": 0.005}})
+    save_checkpoint(tmp_path, {"algo": "sac", "env_id": "Pendulum-v1", "version": 3, "global_step": 3,
+                               "config": {"tau": 0.005}})
     with pytest.raises(ConfigError, match=re.escape(f"train: run dir {str(tmp_path)!r} holds a 'sac' run; resume "
                                                     "it with --algo sac")):
         train(env_id="Pendulum-v1", total_steps=100, run_dir=tmp_path, resume=True, progress=False)
