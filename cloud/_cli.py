@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cloud.rollout._edge import EdgeSourceConfig
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -17,6 +21,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from cloud.hybrid import HybridConfig
     from cloud.learners._ppo_config import PPOConfig
     from cloud.learners._sac import SACConfig
+    from cloud.rollout._edge import EdgeSourceConfig
     from cloud.runs._stop import ROLLING_EVERY_S
     from cloud.switching._modes import SwitchingConfig
     from cloud.switching._switcher import SwitchRules
@@ -78,6 +83,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_config_arguments(train.add_argument_group(
         "execution modes and live switching (SwitchingConfig): e.g. --modes colocated decoupled functions"),
         SwitchingConfig)
+    add_config_arguments(train.add_argument_group(
+        "the edge mode (EdgeSourceConfig, --modes ... edge): the fleet's experience over MQTT trains the policy; "
+        "edge agents run with --experience-steps N and --trust RUN_DIR/keys/strata-signing.pub"), EdgeSourceConfig)
     add_config_arguments(train.add_argument_group("automatic switching rules (SwitchRules)"), SwitchRules)
     add_config_arguments(train.add_argument_group(
         "hybrid units (HybridConfig, --modes hybrid [UNIT_MODES...]): learner replicas in step through "
@@ -166,13 +174,14 @@ def _train(args: argparse.Namespace) -> int:
     if args.algo == "sac":
         return _train_sac(args)
     config = PPOConfig.from_flags(args, base=resumed_config(PPOConfig, args.run_dir) if args.resume else None)
+    edge = _edge_config(args)
     try:
         result = train(env_id=args.env, total_steps=args.total_steps, run_dir=args.run_dir, seed=args.seed,
                        config=config, resume=args.resume, target_return=args.target_return,
                        confirm_episodes=args.confirm_episodes, checkpoint_every=args.checkpoint_every,
                        rolling_checkpoint_s=args.rolling_checkpoint_s,
                        switching=config_from_args(SwitchingConfig, args), rules=config_from_args(SwitchRules, args),
-                       resume_command=resume_command(args))
+                       resume_command=resume_command(args), edge=edge)
     except StopSignal as stop:
         return stop.exit_status  # the stop line said where the checkpoint is
     solved = ("" if result.solved_at_step is None
@@ -190,12 +199,32 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _edge_config(args: argparse.Namespace) -> EdgeSourceConfig | None:
+    """The edge mode's config when ``--modes`` names it; edge flags without that mode would do nothing: an error."""
+    import dataclasses
+
+    from cloud.rollout._edge import EdgeSourceConfig
+    from device import ConfigError, config_from_args
+
+    if "edge" in (args.modes or ()):
+        config = config_from_args(EdgeSourceConfig, args)
+        config.check_ready()
+        return config
+    given = sorted(f.name for f in dataclasses.fields(EdgeSourceConfig) if getattr(args, f.name, None) is not None)
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ConfigError(f"train: {flags} configure the edge mode, which --modes does not name; add edge to --modes "
+                          "or drop them")
+    return None
+
+
 def _refuse_flags_of_the_other_algo(args: argparse.Namespace) -> None:
     """A flag the chosen learner does not use is an error, never silently ignored."""
     import dataclasses
 
     from cloud.learners._ppo_config import PPOConfig
     from cloud.learners._sac import SACConfig
+    from cloud.rollout._edge import EdgeSourceConfig
     from cloud.switching._modes import SwitchingConfig
     from cloud.switching._switcher import SwitchRules
     from device import ConfigError
@@ -204,6 +233,7 @@ def _refuse_flags_of_the_other_algo(args: argparse.Namespace) -> None:
     sac = {f.name for f in dataclasses.fields(SACConfig)}
     if args.algo == "sac":
         unused = (ppo - sac) | {f.name for f in dataclasses.fields(SwitchingConfig) if f.name != "control"}
+        unused |= {f.name for f in dataclasses.fields(EdgeSourceConfig)}
         unused |= {f.name for f in dataclasses.fields(SwitchRules)} | {"target_return", "confirm_episodes"}
         why = ("SAC runs in one mode (--env-mode) without live switching or an early stop; drop them or use "
                "--algo ppo")
@@ -276,6 +306,20 @@ def _status(args: argparse.Namespace) -> int:
               for u in status.get("units", [])],
             ("last switch", "none" if not last else f"{last['from_mode']} -> {last['to_mode']} at step "
              f"{last['at_step']:,} ({last['trigger']}: {last['reason']}), pause {last['pause_s'] * 1000:.0f} ms")]
+    edge = status.get("edge")
+    if isinstance(edge, dict):
+        rows += [("edge records", f"{edge.get('records', 0):,} learned from ({edge.get('transitions', 0):,} "
+                  f"transitions); {edge.get('records_received', 0):,} received, {edge.get('pending', 0):,} pending"),
+                 ("edge duplicates", f"{edge.get('duplicates_wire', 0):,} on the wire (stored once), "
+                  f"{edge.get('duplicates_learner', 0):,} dropped by the learner"),
+                 ("edge refused", f"{edge.get('refused_stale', 0):,} stale, {edge.get('refused', 0):,} malformed, "
+                  f"{edge.get('refused_ingest', 0):,} at ingest; staleness mean {edge.get('staleness_mean')} max "
+                  f"{edge.get('staleness_max')} versions"),
+                 ("edge ingesters", f"{edge.get('ingesters', 0)} running, {edge.get('ingester_restarts', 0)} "
+                  "restarts")]
+        for node, n in sorted((edge.get("nodes") or {}).items()):
+            rows.append((f"node {node}"[:17], f"{n.get('records', 0):,} records, v{n.get('version')}, lag "
+                         f"{n.get('lag_versions')} versions / {n.get('lag_s')} s"))
     for name, value in rows:
         print(f"{name:>17}  {value}")
     return 0

@@ -40,11 +40,13 @@ from device._export_c import export_c
 from device._keys import PublicKey, SigningKey, TrustStore, generate_keypair, load_public_key, load_signing_key
 from device._mqtt import DeviceLink, LinkOptions, MqttLinkError
 from device._mqtt_access import (
+    SHARE_GROUP,
     MqttAccess,
     MqttRole,
     MqttTopicName,
     mqtt_client_id,
     mqtt_topic,
+    shared_filter,
 )
 from device._names import identifier, inside, is_identifier, shown
 from device._quantize import quantization_error, quantize_model, smallest_storage
@@ -80,6 +82,7 @@ __all__ = [
     "PublicKey",
     "RollbackError",
     "RolloutBatch",
+    "SHARE_GROUP",
     "SigningKey",
     "StateRegion",
     "StrataError",
@@ -116,6 +119,7 @@ __all__ = [
     "require",
     "run_device",
     "seconds",
+    "shared_filter",
     "shown",
     "smallest_storage",
     "space_bounds",

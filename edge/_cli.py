@@ -73,6 +73,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _config_flags(check, EdgeAgentConfig)
     check.set_defaults(func=_edge_config_check)
 
+    from device import add_config_arguments
+    from edge._ingest import IngestConfig
+
+    ingest = edge_sub.add_parser(
+        "ingest", help="ingest the fleet's experience records into a learner's spool (started by edge-mode runs)",
+        description="Subscribe to strata/FLEET/nodes/+/experience (an MQTT 5 shared subscription, so several "
+        "ingesters split the fleet; the plain filter on a 3.1.1-only broker), validate every record against the "
+        "learner's spaces, store it once in the spool (SQLite), then acknowledge it and send the node a receipt. "
+        "`strata train --modes edge` starts and supervises its own ingesters (--edge-ingesters); runs until "
+        "SIGTERM or Ctrl-C.")
+    add_config_arguments(ingest, IngestConfig)
+    ingest.add_argument("--log-level", default="WARNING", help="logging level (default: %(default)s)")
+    ingest.set_defaults(func=_edge_ingest)
+
     install = edge_sub.add_parser(
         "install", help="install a node's kit as a hardened systemd service",
         description="Place the kit's config and credentials under /etc/strata/NODE/ (0600), state under "
@@ -277,6 +291,34 @@ def _edge_run(args: argparse.Namespace) -> int:
                   else "with no policy yet (nothing published to this fleet, or every bundle refused)")
         print(f"{config.node_id}: {counters.steps} steps, {counters.episodes} episodes {policy}; {counters.updates} "
               f"policy loads, {len(counters.refused)} bundles refused, {counters.telemetry_records} telemetry records")
+    return 0
+
+
+def _edge_ingest(args: argparse.Namespace) -> int:
+    import dataclasses
+    import threading
+
+    from device import config_from_args
+    from edge._agent import read_password_file
+    from edge._errors import EdgeConfigError
+    from edge._ingest import IngestConfig, run_ingester
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    missing = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(IngestConfig)
+               if f.default is dataclasses.MISSING and getattr(args, f.name, None) is None]
+    if missing:
+        raise EdgeConfigError(f"strata edge ingest: {', '.join(missing)} required")
+    config = config_from_args(IngestConfig, args)
+    password = read_password_file(config.password_file) if config.password_file else None
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    try:
+        counters = run_ingester(config, password=password, stop=stop, on_ready=lambda ingester: print(
+            f"strata edge ingest: {config.name} ingesting {config.fleet} into {config.spool}", flush=True))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print(f"strata edge ingest: {config.name}: {counters.received} received, {counters.stored} stored, "
+          f"{counters.duplicates} duplicates, {counters.refused} refused")
     return 0
 
 
