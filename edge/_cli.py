@@ -135,6 +135,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         help="comma-separated terminal device ids: each becomes a broker user that reads device "
                         "bundles and sends its own escalations; each node's user then also may relay device "
                         "bundles and answer its devices' escalations (its gateway)")
+    config.add_argument("--learner", default=None, metavar="USER",
+                        help="also make the users of an edge-mode learner: USER (its policy publisher) and "
+                        "USER-ingest-K for each ingester, one password in credentials/USER.password; they read "
+                        "every node's experience and write receipts and policies (strata train --edge-username USER "
+                        "--edge-password-file credentials/USER.password)")
+    config.add_argument("--ingesters", type=int, default=1, metavar="N",
+                        help="with --learner: the learner's ingesters (--edge-ingesters; default: %(default)s)")
     config.add_argument("--port", type=int, default=1883, help="listener port in mosquitto.conf (default: %(default)s)")
     config.add_argument("--bind", default="127.0.0.1",
                         help="listener address in mosquitto.conf; 0.0.0.0 serves other hosts (default: %(default)s)")
@@ -372,7 +379,8 @@ def _broker_config(args: argparse.Namespace) -> int:
                                   f"{exc.strerror or exc}") from None
     files = write_broker_config(args.out, fleet=args.fleet, nodes=nodes,
                                 cloud_user=[u for u in args.cloud_user.split(",") if u], port=args.port,
-                                bind=args.bind, devices=[d for d in args.devices.split(",") if d])
+                                bind=args.bind, devices=[d for d in args.devices.split(",") if d],
+                                learner=args.learner, ingesters=args.ingesters)
     print(f"wrote {files.passwd} (hashed with {files.hashed_with}), {files.acl}, {files.conf}")
     print(f"passwords (mode 0600) in {args.out / 'credentials'}/: pass one with --username USER "
           "--password-file FILE")

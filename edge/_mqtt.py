@@ -238,6 +238,7 @@ class MqttLink:
             check_publish_topic(will[0])
         self._will = will
         self._fall_back = False
+        self._connect_sent = 0.0  # clock() of the latest CONNECT
         self._client = self._build_client()
 
     def _build_client(self) -> Any:
@@ -350,6 +351,7 @@ class MqttLink:
                     return
                 if self._state is LinkState.NEW:  # later attempts keep reporting why the last one failed
                     self._state = LinkState.CONNECTING
+                self._connect_sent = self._clock()
                 try:
                     if first and self.protocol == "5":
                         self._client.connect(self.address.host, self.address.port, self.config.keepalive_s,
@@ -376,6 +378,13 @@ class MqttLink:
                     self._client._sock_close()
                 self._fall_back, self.protocol, first = False, "3.1.1", True
                 self._client = self._build_client()
+                continue
+            unanswered_s = self._clock() - self._connect_sent
+            if (not self._answered and self.protocol == "5" and self.config.protocol == "auto" and self.connects == 0
+                    and not self.config.cert_file and unanswered_s > self.config.connect_timeout_s):
+                # A 3.1.1-only broker that cannot parse an MQTT 5 CONNECT with properties (amqtt, given a persistent
+                # session's expiry) never answers it: speak 3.1.1 to it, as to one that answers reason 132.
+                self._fall_back = True
                 continue
             if rc != self._mqtt.MQTT_ERR_SUCCESS and not self._stop.is_set():
                 if self.config.cert_file and not self._answered:

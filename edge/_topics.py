@@ -588,7 +588,7 @@ class Experience:
         if not _SEGMENT.match(sender):
             raise PayloadError(topic, f"node {sender[:80]!r} is not a valid node id")
         if node is not None and sender != node:
-            raise PayloadError(topic, f"the record names node {sender!r} but arrived on node {node!r}'s topic; "
+            raise PayloadError(topic, f"the record names node {sender!r} but arrived on the topic of node {node!r}; "
                                       "a node may only send its own experience")
         unknown = sorted(set(arrays) - set(EXPERIENCE_ARRAYS) - set(EXPERIENCE_OPTIONAL))
         missing = [name for name in EXPERIENCE_ARRAYS if name not in arrays]
