@@ -40,7 +40,6 @@ from device._export_c import export_c
 from device._keys import PublicKey, SigningKey, TrustStore, generate_keypair, load_public_key, load_signing_key
 from device._mqtt import DeviceLink, LinkOptions, MqttLinkError
 from device._mqtt_access import (
-    SHARE_GROUP,
     MqttAccess,
     MqttRole,
     MqttTopicName,
@@ -82,7 +81,6 @@ __all__ = [
     "PublicKey",
     "RollbackError",
     "RolloutBatch",
-    "SHARE_GROUP",
     "SigningKey",
     "StateRegion",
     "StrataError",

@@ -29,9 +29,10 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from device import SHARE_GROUP, mqtt_client_id, shared_filter
+from device import mqtt_client_id, shared_filter
+from device._mqtt_access import SHARE_GROUP
 from edge._errors import EdgeConfigError, PayloadError
 from edge._mqtt import LinkConfig, MqttLink
 from edge._spool import ExperienceSpool
@@ -68,6 +69,8 @@ class IngestConfig:
     """Private key of the client certificate."""
     session_expiry_s: int = 3600
     """Seconds the broker keeps this ingester's session (and its records) while it is away (MQTT 5)."""
+    protocol: Literal["auto", "5", "3.1.1"] = "auto"
+    """MQTT version: auto tries 5 (shared subscription) and falls back to 3.1.1 (plain filter: one ingester)."""
     batch_s: float = 0.02
     """Longest wait gathering one batch after its first message (seconds)."""
     batch_max: int = 512
@@ -120,7 +123,8 @@ class ExperienceIngester:
         self.spool = ExperienceSpool(Path(config.spool))
         link_config = LinkConfig(broker=config.broker,
                                  client_id=mqtt_client_id("learner", fleet=config.fleet, node=config.name),
-                                 clean_session=False, protocol="auto", session_expiry_s=config.session_expiry_s,
+                                 clean_session=False, protocol=config.protocol,
+                                 session_expiry_s=config.session_expiry_s,
                                  manual_ack=True, username=config.username, password=password,
                                  ca_file=config.ca_file, cert_file=config.cert_file, key_file=config.key_file)
         self.link = MqttLink(link_config, on_delivery=self._deliver, on_connect=self._subscribe)

@@ -50,7 +50,8 @@ from typing import Any, Literal
 import numpy as np
 
 from cloud._errors import CloudError
-from device import SHARE_GROUP, ConfigError, RolloutBatch, write_atomic
+from device import ConfigError, RolloutBatch, write_atomic
+from device._mqtt_access import SHARE_GROUP
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,8 @@ class EdgeSourceConfig:
     """Ingester processes sharing the fleet's experience (MQTT 5 shared subscription); 1 on a 3.1.1-only broker."""
     edge_group: str = SHARE_GROUP
     """Shared-subscription group of this learner's ingesters."""
+    edge_protocol: Literal["auto", "5", "3.1.1"] = "auto"
+    """MQTT version of the ingesters: auto tries 5 (shared subscriptions) and falls back to 3.1.1 (one ingester)."""
     edge_wait_s: float = 0.0
     """Give up (fail over, or stop with a checkpoint) when the fleet sends no usable record for this long (0: wait
     for ever, saying so every 30 s)."""
@@ -109,6 +112,10 @@ class EdgeSourceConfig:
     """Publish the learner's policy to the fleet every this many versions."""
 
     def __post_init__(self) -> None:
+        if self.edge_protocol == "3.1.1" and self.edge_ingesters > 1:
+            raise ConfigError(f"EdgeSourceConfig: edge_ingesters={self.edge_ingesters} with edge_protocol 3.1.1: "
+                              "without MQTT 5 shared subscriptions every ingester would receive every record; run "
+                              "one, or use a broker that speaks MQTT 5")
         if self.edge_ingesters < 1 or self.edge_max_staleness < 0 or self.edge_publish_every < 1:
             raise ConfigError(f"EdgeSourceConfig: edge_ingesters={self.edge_ingesters} and edge_publish_every="
                               f"{self.edge_publish_every} must be >= 1, edge_max_staleness="
@@ -418,7 +425,7 @@ class EdgeSource:
         cfg = self.config
         cmd = [sys.executable, "-m", "cloud.cli", "edge", "ingest", "--broker", cfg.edge_broker, "--fleet",
                cfg.edge_fleet, "--spool", str(self.folder / "spool.sqlite"), "--spaces", str(spaces), "--name",
-               f"ingest-{k}", "--group", cfg.edge_group]
+               f"ingest-{k}", "--group", cfg.edge_group, "--protocol", cfg.edge_protocol]
         if cfg.edge_username:
             cmd += ["--username", f"{cfg.edge_username}-ingest-{k}"]
         for flag, value in (("--password-file", cfg.edge_password_file), ("--ca-file", cfg.edge_ca_file),
@@ -454,6 +461,7 @@ class EdgeSource:
         if self._spool is None:
             raise EdgeSourceError("edge: collect() before restart(); the switcher starts sources")
         self._publish(policy_version)
+        self._supervise()
         self._collect_garbage()
         current = policy_version + 1  # the bundle version of the learner's policy now
         cfg = self.config

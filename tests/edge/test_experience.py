@@ -35,7 +35,8 @@ def record(*, t: int = 4, record_id: int = 7, node: str = "n1", done_at: int | N
               "behaviour_logprobs": np.full((t, 1), -0.7, np.float32)}
     fields.update(arrays)
     batch = RolloutBatch(source="ignored", **fields)
-    return Experience(record_id=record_id, node=node, batch=batch, episode_return=np.arange(t, dtype=np.float32)[:, None],
+    return Experience(record_id=record_id, node=node, batch=batch,
+                      episode_return=np.arange(t, dtype=np.float32)[:, None],
                       episode_length=np.arange(t, dtype=np.int64)[:, None]).encode()
 
 
