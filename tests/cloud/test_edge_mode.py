@@ -93,6 +93,39 @@ def test_every_fleet_transition_enters_the_learner_exactly_once_through_kill_9s(
     assert any("restarting it" in line for line in logs)
 
 
+@pytest.mark.timeout(600)
+def test_strata_switch_moves_a_live_run_to_the_fleet_and_back_and_status_shows_the_fleet(
+        mosquitto_factory: MosquittoFactory, tmp_path: Path) -> None:
+    from cloud.switching._control import ControlClient
+
+    broker = mosquitto_factory()
+    run_dir = tmp_path / "run"
+    _, pub = generate_keypair(run_dir / "keys")
+    seen: dict[str, object] = {}
+
+    with fleet(tmp_path, 2, broker=broker.url, fleet_name="switch", trust=pub):
+        def operator() -> None:
+            wait_until(lambda: _updates(run_dir) >= 3, timeout=300, what="three updates")
+            at = int(ControlClient.for_run(run_dir).switch("edge", timeout=300)["at_version"])
+            wait_until(lambda: _updates(run_dir) >= at + 2, timeout=300, what="two updates from the fleet")
+            seen["status"] = run_strata("status", str(run_dir), timeout=120).stdout  # the run is in edge mode
+            seen["back"] = ControlClient.for_run(run_dir).switch("colocated", timeout=300)
+
+        thread = threading.Thread(target=operator, daemon=True)
+        thread.start()
+        result = train(env_id="CartPole-v1", total_steps=80 * 4 * STEPS, run_dir=run_dir, seed=0, config=_config(),
+                       switching=SwitchingConfig(modes=("colocated", "edge")), progress=False, log=lambda line: None,
+                       edge=EdgeSourceConfig(edge_broker=broker.url, edge_fleet="switch", edge_wait_s=120))
+        thread.join(timeout=60)
+    assert [(e.from_mode, e.to_mode, e.trigger) for e in result.switches] == [("colocated", "edge", "manual"),
+                                                                            ("edge", "colocated", "manual")]
+    assert result.accounting is not None and (result.accounting["duplicates"], result.accounting["gaps"]) == (0, 0)
+    status = str(seen["status"])
+    assert "edge records" in status and "edge duplicates" in status and "  node n" in status, status
+    state = load_checkpoint(latest_checkpoint(run_dir))  # type: ignore[arg-type]
+    assert 1 <= int(state["edge"]["counters"]["records"]) < 80 * 4  # some updates from the fleet, some co-located
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_learner_killed_with_sigkill_resumes_and_learns_each_record_once(mosquitto_factory: MosquittoFactory,
