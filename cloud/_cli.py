@@ -206,15 +206,17 @@ def _edge_config(args: argparse.Namespace) -> EdgeSourceConfig | None:
     from cloud.rollout._edge import EdgeSourceConfig
     from device import ConfigError, config_from_args
 
-    if "edge" in (args.modes or ()):
+    sac = args.algo == "sac"
+    if ("edge" in (args.modes or ())) if not sac else args.env_mode == "edge":
         config = config_from_args(EdgeSourceConfig, args)
         config.check_ready()
         return config
     given = sorted(f.name for f in dataclasses.fields(EdgeSourceConfig) if getattr(args, f.name, None) is not None)
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
-        raise ConfigError(f"train: {flags} configure the edge mode, which --modes does not name; add edge to --modes "
-                          "or drop them")
+        where = "--env-mode edge (SAC)" if sac else "edge in --modes"
+        raise ConfigError(f"train: {flags} configure the edge mode, which this run does not use; give {where} or "
+                          "drop them")
     return None
 
 
@@ -224,7 +226,6 @@ def _refuse_flags_of_the_other_algo(args: argparse.Namespace) -> None:
 
     from cloud.learners._ppo_config import PPOConfig
     from cloud.learners._sac import SACConfig
-    from cloud.rollout._edge import EdgeSourceConfig
     from cloud.switching._modes import SwitchingConfig
     from cloud.switching._switcher import SwitchRules
     from device import ConfigError
@@ -233,7 +234,6 @@ def _refuse_flags_of_the_other_algo(args: argparse.Namespace) -> None:
     sac = {f.name for f in dataclasses.fields(SACConfig)}
     if args.algo == "sac":
         unused = (ppo - sac) | {f.name for f in dataclasses.fields(SwitchingConfig) if f.name != "control"}
-        unused |= {f.name for f in dataclasses.fields(EdgeSourceConfig)}
         unused |= {f.name for f in dataclasses.fields(SwitchRules)} | {"target_return", "confirm_episodes"}
         why = ("SAC runs in one mode (--env-mode) without live switching or an early stop; drop them or use "
                "--algo ppo")
@@ -257,6 +257,7 @@ def _train_sac(args: argparse.Namespace) -> int:
     from device import config_from_args
 
     config = config_from_args(SACConfig, args)
+    edge = _edge_config(args)
     newest = latest_checkpoint(args.run_dir) if args.resume else None
     if newest is not None:  # the checkpoint's hyperparameters, unless flags override them
         state = load_checkpoint(newest)
@@ -268,7 +269,7 @@ def _train_sac(args: argparse.Namespace) -> int:
         result = train_sac(config, env_id=args.env, run_dir=args.run_dir, seed=args.seed,
                            total_steps=args.total_steps, resume=args.resume, checkpoint_every=args.checkpoint_every,
                            rolling_checkpoint_s=args.rolling_checkpoint_s,
-                           control=args.control is not False, resume_command=resume_command(args))
+                           control=args.control is not False, resume_command=resume_command(args), edge=edge)
     except StopSignal as stop:
         return stop.exit_status
     print(f"strata train: {args.env}: SAC, {result.global_step:,} env steps, exported policy's mean evaluation "

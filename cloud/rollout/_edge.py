@@ -341,54 +341,55 @@ class EdgeLedger:
                       for node, s in sorted(self.nodes.items())}}
 
 
-class EdgeSource:
-    """The fleet's experience as a `cloud.rollout.RolloutSource` (see the module docstring).
+@dataclass(frozen=True)
+class TakenRecord:
+    """A record an intake handed out: its key, when it arrived, and its contents."""
+
+    key: tuple[str, int]
+    received: float
+    record: Any
+    """The `edge.Experience`."""
+
+
+class EdgeIntake:
+    """The learner's end of the fleet: spool, ingester processes, policy publisher, and records taken exactly once.
+
+    `EdgeSource` (PPO) and SAC's edge feed take records through `take`; see the module docstring.
 
     Args:
         config: The edge mode's settings.
         run_dir: The run dir (the spool and the ingesters' files go into ``edge/``).
         observation_space: The learner's observation space (manifest JSON form).
         action_space: Its action space.
-        bundle_for: ``bundle_for(policy_version) -> signed bundle bytes`` of the learner's policy at that version,
-            carrying the experience request (bundle version ``policy_version + 1``).
-        agent: The learner's agent, for the log-probs and values of the learner's policy.
-        normalizer: The learner's observation normaliser.
-        num_envs: Columns per update.
-        num_steps: Steps per column; a record of ``m * num_steps`` steps gives ``m`` columns.
-        ledger: What the run has learned from (record ids, counters); shared by every source the run builds.
+        max_steps: Steps of the longest record accepted.
+        ledger: What the run has learned from (record ids, counters); shared by every intake the run builds.
         checkpointed: ``checkpointed() -> version`` of the newest checkpoint on disk (-1: none); the spool keeps
             every record a checkpoint on disk has not learned from.
         log: Where notices go.
     """
 
-    mode = "edge"
-
     def __init__(self, config: EdgeSourceConfig, *, run_dir: Path, observation_space: dict[str, Any],
-                 action_space: dict[str, Any], bundle_for: Callable[[int], bytes], agent: Any, normalizer: Any,
-                 num_envs: int, num_steps: int, ledger: EdgeLedger | None = None,
+                 action_space: dict[str, Any], max_steps: int, ledger: EdgeLedger | None = None,
                  checkpointed: Callable[[], int] = lambda: -1, log: Callable[[str], None] = print) -> None:
         config.check_ready()
         self.config = config
         self.run_dir = Path(run_dir)
         self.folder = self.run_dir / EDGE_DIR
         self._spaces = {"observation_space": observation_space, "action_space": action_space,
-                        "max_steps": max(num_steps * 64, 4096)}
-        self._bundle_for = bundle_for
-        self._agent, self._normalizer = agent, normalizer
-        self._num_envs, self._num_steps = num_envs, num_steps
+                        "max_steps": max_steps}
         self._log = log
         self.ledger = ledger or EdgeLedger()
         self.counters = self.ledger.counters
         self._spool: Any = None
         self._ingesters: list[IngesterProcess] = []
         self._publisher: _BundlePublisher | None = None
-        self._published_for: int | None = None
-        self._produced = 0
         self._checkpointed = checkpointed
         self._last_gc_version = -1
-        self._started_at = time.monotonic()
 
-    # -- life ------------------------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """Whether `prepare` ran (and `close` did not since)."""
+        return self._spool is not None
 
     def prepare(self) -> None:
         """Open the spool (clearing the marks of updates a crash lost), start the ingesters and the publisher."""
@@ -434,10 +435,6 @@ class EdgeSource:
                 cmd += [flag, value]
         return cmd
 
-    def restart(self, *, incarnation: int) -> None:
-        """Start what the source runs on; the fleet's streams are its own (records carry their ids)."""
-        self.prepare()
-
     def close(self) -> None:
         """Stop the ingesters (what they hold unacknowledged waits at the broker) and the publisher."""
         for ingester in self._ingesters:
@@ -451,122 +448,214 @@ class EdgeSource:
             self._spool.close()
             self._spool = None
 
-    # -- one update ------------------------------------------------------------------------------------------
+    def offer(self, version: int, bundle: bytes) -> None:
+        """Publish the learner's policy (bundle version `version`) to the fleet, on the publisher thread."""
+        if self._publisher is not None:
+            self._publisher.offer(version, bundle)
 
-    def collect(self, *, policy_version: int, global_step: int) -> tuple[list[RolloutBatch], list[Any]]:
-        """One update's columns from the spool (waiting for the fleet if needed); see the module docstring."""
-        from cloud.rollout._collector import Episode
+    def take(self, *, current: int, budget: int, cost: Callable[[Any], int | str], at_least: int | None = None,
+             mark: Callable[[int], int] | None = None) -> list[TakenRecord]:
+        """Take records worth up to `budget` (freshest policy first), waiting until they are worth `at_least`.
+
+        Each record is taken whole or not at all, exactly once over the run: repeats of what the run learned from
+        are dropped (and counted), records more than ``edge_max_staleness`` versions behind `current` (the
+        learner's bundle version now) are refused, and ``cost(record)`` says what a record is worth (or, as a
+        text, why it is refused). The taken records are marked in the spool with ``mark(worth)`` (default:
+        `current`): the version of the first checkpoint that will hold what was learned from them.
+
+        Raises:
+            EdgeSourceError: Nothing usable came within ``edge_wait_s``.
+        """
         from edge import Experience, PayloadError
 
         if self._spool is None:
-            raise EdgeSourceError("edge: collect() before restart(); the switcher starts sources")
-        self._publish(policy_version)
-        self._supervise()
+            raise EdgeSourceError("edge: records taken before the intake started; the switcher starts sources")
+        self.supervise()
         self._collect_garbage()
-        current = policy_version + 1  # the bundle version of the learner's policy now
         cfg = self.config
-        parts: list[RolloutBatch] = []
-        episodes: list[Any] = []
+        want = budget if at_least is None else at_least
+        got: list[TakenRecord] = []
+        worth = 0
         used: list[tuple[str, int]] = []
         duplicates: list[tuple[str, int]] = []
-        taken: set[tuple[str, int]] = set()
+        seen: set[tuple[str, int]] = set()
         for key in self._spool.stale(below_version=current - cfg.edge_max_staleness):
-            if key in self.ledger.record_ids:
-                duplicates.append(key)
-                self.counters["duplicates_learner"] += 1
-            else:
-                self._refuse(key, used, taken, "refused_stale", None)
-            taken.add(key)
+            self._drop_or_refuse(key, used, duplicates, seen, "refused_stale", None)
         skip, started, said = 0, time.monotonic(), time.monotonic()
-        step = global_step
-        while len(parts) < self._num_envs:
+        while worth < want:
             rows = self._spool.pending(skip=skip, limit=256)
             if not rows:
                 skip = 0
-                self._supervise()
+                self.supervise()
                 now = time.monotonic()
                 if cfg.edge_wait_s and now - started > cfg.edge_wait_s:
-                    raise EdgeSourceError(f"edge: the fleet {cfg.edge_fleet} sent {len(parts)} of the "
-                                          f"{self._num_envs} columns one update needs within --edge-wait-s "
+                    raise EdgeSourceError(f"edge: the fleet {cfg.edge_fleet} sent {worth} of the {want} "
+                                          f"(columns or steps) the learner needs within --edge-wait-s "
                                           f"{cfg.edge_wait_s:g}")
                 if now - said > 30:
                     said = now
-                    self._log(f"edge: waiting for the fleet {cfg.edge_fleet}: {len(parts)} of {self._num_envs} "
-                              f"columns of update v{current}; spool {self._spool.counters()}")
+                    self._log(f"edge: waiting for the fleet {cfg.edge_fleet}: {worth} of {want} for v{current}; "
+                              f"spool {self._spool.counters()}")
                 time.sleep(0.01)
                 continue
             for row in rows:
                 skip += 1
                 key = (row.node, row.record_id)
-                if key in taken:
+                if key in seen:
                     continue
                 if key in self.ledger.record_ids:
-                    duplicates.append(key)
-                    taken.add(key)
-                    self.counters["duplicates_learner"] += 1
+                    self._drop_or_refuse(key, used, duplicates, seen, "", None)
                     continue
                 try:
                     record = Experience.decode(f"spool:{row.node}", row.payload, node=row.node)
                 except PayloadError as exc:  # the ingester checked it: a spool written by something else
-                    self._refuse(key, used, taken, "malformed", str(exc))
+                    self._drop_or_refuse(key, used, duplicates, seen, "malformed", str(exc))
                     continue
-                batch = record.batch
-                if batch.num_steps % self._num_steps:
-                    self._refuse(key, used, taken, "refused_shape",
-                                 f"a record of {batch.num_steps} steps does not cut into num_steps={self._num_steps}")
+                if current - int(record.batch.policy_version.min()) > cfg.edge_max_staleness:
+                    self._drop_or_refuse(key, used, duplicates, seen, "refused_stale", None)
                     continue
-                lag = current - int(batch.policy_version.min())
-                if lag > cfg.edge_max_staleness:
-                    self._refuse(key, used, taken, "refused_stale", None)
+                value = cost(record)
+                if isinstance(value, str):
+                    self._drop_or_refuse(key, used, duplicates, seen, "refused_shape", value)
                     continue
-                columns = batch.num_envs * (batch.num_steps // self._num_steps)
-                if columns > self._num_envs:
-                    self._refuse(key, used, taken, "refused_shape",
-                                 f"a record of {columns} columns of num_steps={self._num_steps} exceeds an update of "
-                                 f"num_envs={self._num_envs}")
-                    continue
-                if len(parts) + columns > self._num_envs:
-                    continue  # it fits a later update whole; a record is never split between updates
-                taken.add(key)
+                if worth + value > budget:
+                    continue  # it fits a later take whole: a record is never split
+                seen.add(key)
                 used.append(key)
-                self._account(row, record, current)
-                pieces = _cut(batch, self._num_steps)
-                parts += [self._evaluated(piece) for piece in pieces]
-                episodes += _episodes(record, step, Episode)
-                step += batch.size
-                if len(parts) >= self._num_envs:
+                got.append(TakenRecord(key, row.received, record))
+                self._account(row.node, row.received, record, current)
+                worth += value
+                if worth >= budget:
                     break
         for key in used:
             self.ledger.record_ids.add(*key)
-        self._spool.mark_consumed(used, current)
+        self._spool.mark_consumed(used, current if mark is None else mark(worth))
         if duplicates:
             self._spool.delete(duplicates)
         self.ledger.spool_counters = self._spool.counters()
         self.ledger.ingesters_alive = sum(i.alive for i in self._ingesters)
-        transitions = sum(p.size for p in parts)
-        self._produced += transitions
-        self.counters["transitions"] += transitions
-        return parts, episodes
+        return got
 
-    def _refuse(self, key: tuple[str, int], used: list[tuple[str, int]], taken: set[tuple[str, int]], counter: str,
-                reason: str | None) -> None:
+    def _drop_or_refuse(self, key: tuple[str, int], used: list[tuple[str, int]],
+                        duplicates: list[tuple[str, int]], seen: set[tuple[str, int]], counter: str,
+                        reason: str | None) -> None:
+        seen.add(key)
+        if key in self.ledger.record_ids:  # learned from already: a repeat, dropped
+            duplicates.append(key)
+            self.counters["duplicates_learner"] += 1
+            return
         self.counters[counter] += 1
-        taken.add(key)
         used.append(key)  # marked and remembered like a consumed record: it never comes back
         if reason:
             self._log(f"edge: refused record {key[1]} of node {key[0]}: {reason[:200]}")
 
-    def _account(self, row: Any, record: Any, current: int) -> None:
+    def _account(self, node: str, received: float, record: Any, current: int) -> None:
         batch = record.batch
         lags = current - batch.policy_version.reshape(-1)
         for lag, n in zip(*np.unique(np.clip(lags, 0, STALENESS_BINS), return_counts=True), strict=True):
             self.ledger.staleness[int(lag)] += int(n)
         self.counters["records"] += 1
-        node = self.ledger.nodes[row.node]
-        node.records += 1
-        node.transitions += batch.size
-        node.last_version = max(node.last_version, int(batch.policy_version.max()))
-        node.last_received = max(node.last_received, row.received)
+        self.counters["transitions"] += batch.size
+        stats = self.ledger.nodes[node]
+        stats.records += 1
+        stats.transitions += batch.size
+        stats.last_version = max(stats.last_version, int(batch.policy_version.max()))
+        stats.last_received = max(stats.last_received, received)
+
+    def supervise(self) -> None:
+        """Restart ingesters that died (a kill -9: what they held unacknowledged comes again from the broker)."""
+        for k, ingester in enumerate(self._ingesters):
+            if not ingester.alive:
+                self.counters["ingester_restarts"] += 1
+                self._log(f"edge: ingester {k} exited with {ingester.proc.returncode}; restarting it (log "
+                          f"{ingester.log_path})")
+                ingester.restart()
+
+    def _collect_garbage(self) -> None:
+        """Delete spooled records that a checkpoint on disk has learned from."""
+        version = self._checkpointed()
+        if version > self._last_gc_version:
+            self._spool.collect_garbage(version)
+            self._last_gc_version = version
+
+
+class EdgeSource:
+    """The fleet's experience as a `cloud.rollout.RolloutSource` for PPO (see the module docstring).
+
+    Args:
+        config: The edge mode's settings.
+        run_dir: The run dir (the spool and the ingesters' files go into ``edge/``).
+        observation_space: The learner's observation space (manifest JSON form).
+        action_space: Its action space.
+        bundle_for: ``bundle_for(policy_version) -> signed bundle bytes`` of the learner's policy at that version,
+            carrying the experience request (bundle version ``policy_version + 1``).
+        agent: The learner's agent, for the log-probs and values of the learner's policy.
+        normalizer: The learner's observation normaliser.
+        num_envs: Columns per update.
+        num_steps: Steps per column; a record of ``m * num_steps`` steps gives ``m`` columns.
+        ledger: What the run has learned from (record ids, counters); shared by every source the run builds.
+        checkpointed: ``checkpointed() -> version`` of the newest checkpoint on disk (-1: none).
+        log: Where notices go.
+    """
+
+    mode = "edge"
+
+    def __init__(self, config: EdgeSourceConfig, *, run_dir: Path, observation_space: dict[str, Any],
+                 action_space: dict[str, Any], bundle_for: Callable[[int], bytes], agent: Any, normalizer: Any,
+                 num_envs: int, num_steps: int, ledger: EdgeLedger | None = None,
+                 checkpointed: Callable[[], int] = lambda: -1, log: Callable[[str], None] = print) -> None:
+        self.intake = EdgeIntake(config, run_dir=run_dir, observation_space=observation_space,
+                                 action_space=action_space, max_steps=max(num_steps * 64, 4096), ledger=ledger,
+                                 checkpointed=checkpointed, log=log)
+        self.config = config
+        self.ledger = self.intake.ledger
+        self._bundle_for = bundle_for
+        self._agent, self._normalizer = agent, normalizer
+        self._num_envs, self._num_steps = num_envs, num_steps
+        self._published_for: int | None = None
+        self._produced = 0
+        self._started_at = time.monotonic()
+
+    def prepare(self) -> None:
+        """Start the intake: the spool, the ingesters, the publisher."""
+        self.intake.prepare()
+
+    def restart(self, *, incarnation: int) -> None:
+        """Start what the source runs on; the fleet's streams are its own (records carry their ids)."""
+        self.prepare()
+
+    def close(self) -> None:
+        """Stop the intake."""
+        self.intake.close()
+
+    def collect(self, *, policy_version: int, global_step: int) -> tuple[list[RolloutBatch], list[Any]]:
+        """One update's columns from the spool (waiting for the fleet if needed); see the module docstring."""
+        from cloud.rollout._collector import Episode
+
+        if not self.intake.ready:
+            raise EdgeSourceError("edge: collect() before restart(); the switcher starts sources")
+        self._publish(policy_version)
+        num_steps, num_envs = self._num_steps, self._num_envs
+
+        def columns(record: Any) -> int | str:
+            batch = record.batch
+            if batch.num_steps % num_steps:
+                return f"a record of {batch.num_steps} steps does not cut into num_steps={num_steps}"
+            count = int(batch.num_envs * (batch.num_steps // num_steps))
+            if count > num_envs:
+                return f"a record of {count} columns of num_steps={num_steps} exceeds an update of num_envs={num_envs}"
+            return count
+
+        parts: list[RolloutBatch] = []
+        episodes: list[Any] = []
+        step = global_step
+        for taken in self.intake.take(current=policy_version + 1, budget=num_envs, cost=columns):
+            record = taken.record
+            parts += [self._evaluated(piece) for piece in _cut(record.batch, num_steps)]
+            episodes += _episodes(record, step, Episode)
+            step += record.batch.size
+        self._produced += sum(p.size for p in parts)
+        return parts, episodes
 
     def _evaluated(self, piece: RolloutBatch) -> RolloutBatch:
         """`piece` with the learner's log-probs and values (and, for V-trace, the behaviour log-probs)."""
@@ -589,32 +678,12 @@ class EdgeSource:
             policy_version=np.array(piece.policy_version), worker=np.array(piece.worker), seq=np.array(piece.seq),
             logprobs=logprobs.numpy().reshape(t, n), values=values.numpy().reshape(t, n), behaviour_logprobs=behaviour)
 
-    # -- around the updates ----------------------------------------------------------------------------------
-
     def _publish(self, policy_version: int) -> None:
         """Hand the learner's policy to the publisher thread when it is due (the export happens here)."""
-        if self._publisher is None:
-            return
         due = self._published_for is None or policy_version - self._published_for >= self.config.edge_publish_every
         if due:
-            self._publisher.offer(policy_version + 1, self._bundle_for(policy_version))
+            self.intake.offer(policy_version + 1, self._bundle_for(policy_version))
             self._published_for = policy_version
-
-    def _supervise(self) -> None:
-        """Restart ingesters that died (a kill -9: what they held unacknowledged comes again from the broker)."""
-        for k, ingester in enumerate(self._ingesters):
-            if not ingester.alive:
-                self.counters["ingester_restarts"] += 1
-                self._log(f"edge: ingester {k} exited with {ingester.proc.returncode}; restarting it (log "
-                          f"{ingester.log_path})")
-                ingester.restart()
-
-    def _collect_garbage(self) -> None:
-        """Delete spooled records that a checkpoint on disk has learned from."""
-        version = self._checkpointed()
-        if version > self._last_gc_version:
-            self._spool.collect_garbage(version)
-            self._last_gc_version = version
 
     def produced(self) -> int:
         """Transitions handed to the learner."""
@@ -626,9 +695,61 @@ class EdgeSource:
 
     def probe(self) -> float:
         """Transitions per second the fleet has been delivering (nothing is collected: the fleet runs anyway)."""
-        if self._spool is None:
-            return 0.0
-        return float(self.counters["transitions"]) / max(time.monotonic() - self._started_at, 1e-9)
+        return float(self._produced) / max(time.monotonic() - self._started_at, 1e-9)
+
+
+class EdgeFeed:
+    """The fleet's experience for an off-policy learner (SAC): whole records into its replay, each exactly once.
+
+    SAC asks the fleet for records of `steps` steps, a divisor of its commit interval, and takes whole records up
+    to its next commit: every checkpoint holds whole records, so a resumed run learns from a record again exactly
+    when the checkpoint lost it.
+
+    Args:
+        config: The edge mode's settings.
+        run_dir: The run dir.
+        observation_space: The learner's observation space (manifest JSON form).
+        action_space: Its action space.
+        steps: Steps of one record.
+        ledger: What the run has learned from.
+        checkpointed: ``checkpointed() -> version`` of the newest checkpoint on disk (-1: none).
+        log: Where notices go.
+    """
+
+    def __init__(self, config: EdgeSourceConfig, *, run_dir: Path, observation_space: dict[str, Any],
+                 action_space: dict[str, Any], steps: int, ledger: EdgeLedger,
+                 checkpointed: Callable[[], int] = lambda: -1, log: Callable[[str], None] = print) -> None:
+        self.steps = steps
+        self.ledger = ledger
+        self.intake = EdgeIntake(config, run_dir=run_dir, observation_space=observation_space,
+                                 action_space=action_space, max_steps=steps, ledger=ledger, checkpointed=checkpointed,
+                                 log=log)
+
+    def start(self) -> EdgeFeed:
+        """Start the spool, the ingesters and the publisher."""
+        self.intake.prepare()
+        return self
+
+    def publish(self, version: int, bundle: bytes) -> None:
+        """Send the learner's policy (bundle version `version`) to the fleet."""
+        self.intake.offer(version, bundle)
+
+    def take(self, *, current: int, global_step: int, budget: int) -> list[Any]:
+        """Whole records worth at most `budget` steps (at least one record), taken once; `edge.Experience` each."""
+        steps = self.steps
+
+        def worth(record: Any) -> int | str:
+            if record.batch.num_steps != steps:
+                return f"a record of {record.batch.num_steps} steps, not the {steps} this learner asks for"
+            return int(record.batch.size)
+
+        taken = self.intake.take(current=current, budget=budget, cost=worth, at_least=min(steps, budget),
+                                 mark=lambda total: global_step + total)
+        return [t.record for t in taken]
+
+    def close(self) -> None:
+        """Stop."""
+        self.intake.close()
 
 
 def _cut(batch: RolloutBatch, steps: int) -> list[RolloutBatch]:

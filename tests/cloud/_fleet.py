@@ -18,11 +18,12 @@ from functions._lifetime import child_environment
 class AgentProcess:
     """One `strata edge run` process of `node`, acting with what the learner publishes and sending experience."""
 
-    def __init__(self, root: Path, node: str, *, broker: str, fleet: str, trust: Path, seed: int = 0) -> None:
+    def __init__(self, root: Path, node: str, *, broker: str, fleet: str, trust: Path, seed: int = 0,
+                 env: str = "CartPole-v1") -> None:
         self.node = node
         self.cache = root / node
         self.command = [sys.executable, "-m", "cloud.cli", "edge", "run", "--fleet", fleet, "--node-id", node,
-                        "--cache-dir", str(self.cache), "--trust", str(trust), "--broker", broker,
+                        "--cache-dir", str(self.cache), "--trust", str(trust), "--broker", broker, "--env", env,
                         "--experience-steps", "16", "--experience-receipt-timeout-s", "2", "--control-period-s", "0",
                         # no telemetry record before a clean stop: every id of the outbox is an experience record's
                         "--telemetry-interval-s", "1000000", "--health-latency-budget-ms", "5000", "--seed", str(seed)]
@@ -59,9 +60,11 @@ class AgentProcess:
 
 
 @contextmanager
-def fleet(root: Path, count: int, *, broker: str, fleet_name: str, trust: Path) -> Iterator[list[AgentProcess]]:
+def fleet(root: Path, count: int, *, broker: str, fleet_name: str, trust: Path,
+          env: str = "CartPole-v1") -> Iterator[list[AgentProcess]]:
     """`count` agent processes; all killed afterwards."""
-    agents = [AgentProcess(root, f"n{i}", broker=broker, fleet=fleet_name, trust=trust, seed=i) for i in range(count)]
+    agents = [AgentProcess(root, f"n{i}", broker=broker, fleet=fleet_name, trust=trust, seed=i, env=env)
+              for i in range(count)]
     try:
         yield agents
     finally:

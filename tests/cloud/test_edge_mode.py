@@ -196,6 +196,27 @@ def test_a_learner_on_fleet_experience_alone_solves_cartpole_through_kill_9s(mos
     check_exactly_once(state, spool=spool, agents=agents, steps=32)
 
 
+@pytest.mark.timeout(600)
+def test_sac_learns_from_the_fleet_into_its_replay_with_each_transitions_version(mosquitto_factory: MosquittoFactory,
+                                                                                 tmp_path: Path) -> None:
+    broker = mosquitto_factory(["persistence true"])
+    run_dir = tmp_path / "run"
+    _, pub = generate_keypair(run_dir / "keys")
+    args = ["train", "--algo", "sac", "--env", "Pendulum-v1", "--env-mode", "edge", "--edge-broker", broker.url,
+            "--edge-fleet", "sac", "--edge-wait-s", "120", "--run-dir", str(run_dir), "--total-steps", "500",
+            "--learning-starts", "250", "--batch-size", "32", "--log-every", "250", "--eval-episodes", "1",
+            "--hidden-sizes", "32", "32"]
+    with fleet(tmp_path, 2, broker=broker.url, fleet_name="sac", trust=pub, env="Pendulum-v1") as agents:
+        got = run_strata(*args, timeout=600)
+    assert got.returncode == 0, got.stderr[-2000:]
+    state = load_checkpoint(latest_checkpoint(run_dir))  # type: ignore[arg-type]
+    figures = check_exactly_once(state, spool=run_dir / "edge" / "spool.sqlite", agents=agents, steps=250)
+    assert figures["records"] == 500 // 250  # records of a divisor of log_every: a commit never splits one
+    versions = state["replay"]["version"][:500]
+    assert int(versions.min()) >= 1 and int(versions.max()) <= 2  # bundle versions 1 + commits, per transition
+    assert (run_dir / "policy.onnx").exists()
+
+
 def test_edge_flags_are_checked_before_any_work(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     cases = [
@@ -207,7 +228,8 @@ def test_edge_flags_are_checked_before_any_work(tmp_path: Path) -> None:
          "edge_ingesters=0"),
         (["--modes", "edge", "--edge-broker", "mqtt://127.0.0.1:1", "--edge-fleet", "f", "--edge-password-file",
           str(tmp_path / "missing")], "--edge-password-file"),
-        (["--algo", "sac", "--env", "Pendulum-v1", "--edge-fleet", "f"], "does not use --edge-fleet"),
+        (["--algo", "sac", "--env", "Pendulum-v1", "--edge-fleet", "f"], "give --env-mode edge (SAC) or drop them"),
+        (["--algo", "sac", "--env", "Pendulum-v1", "--env-mode", "edge"], "mode edge needs --edge-broker"),
     ]
     for flags, message in cases:
         env = ["--env", "CartPole-v1"] if "--env" not in flags else []
