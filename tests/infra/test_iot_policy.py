@@ -58,6 +58,7 @@ def broker_operations(log: str, clients: set[str]) -> list[tuple[str, str, str]]
     ops: list[tuple[str, str, str]] = []
     lines = [m.group("text") if (m := _LINE.match(raw)) else raw for raw in log.splitlines()]
     context: tuple[str, str] | None = None  # ("subscribe" | "will", client) while its indented lines follow
+    connecting: str | None = None  # the client of the last CONNECT (a will belongs to it, whoever it is)
     for text in lines:
         if text.startswith("\t") and context is not None:
             kind, who = context
@@ -70,11 +71,12 @@ def broker_operations(log: str, clients: set[str]) -> list[tuple[str, str, str]]
             continue  # Mosquitto's per-topic line after each topic of a SUBSCRIBE ("client qos topic")
         context = None
         if m := re.match(r"New client connected from \S+ as (\S+) ", text):
+            connecting = m.group(1)
             if m.group(1) in clients:
                 ops.append(("iot:Connect", m.group(1), f"client/{m.group(1)}"))
         elif m := re.match(r"Will message specified \(\d+ bytes\) \(r(\d), q\d\)\.", text):
-            who = ops[-1][1] if ops and ops[-1][0] == "iot:Connect" else None
-            if who is not None:
+            who = connecting
+            if who is not None and who in clients:
                 context = ("will", who)
                 if m.group(1) == "1":
                     ops.append(("will-retained", who, ""))
