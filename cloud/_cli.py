@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Run strata end to end on embedded defaults and write a report folder: PPO on CartPole-v1 "
         "co-located, switched live to serverless functions (local runtime) and back by the rules; a signed edge "
         "bundle and a distilled device bundle; three edge agents and two devices on the embedded MQTT broker; "
-        "a fleet table; learning-curve and throughput plots and a markdown summary.",
+        "a fleet table; a fresh policy trained from the experience of three edge agents alone (the edge mode); "
+        "learning-curve and throughput plots and a markdown summary.",
     )
     add_config_arguments(demo, DemoConfig)
     demo.set_defaults(func=_demo)

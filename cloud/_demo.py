@@ -77,6 +77,12 @@ class DemoConfig:
     """Edge agent processes whose experience trains the fleet-trained run."""
 
 
+FLEET_TRAINING_NODE_STEPS_PER_S = 300
+"""Each fleet-training node's experience budget (recorded steps/s). Unbudgeted, three nodes record ~10x what the
+learner takes: the surplus goes stale in the spool and is refused, and carrying it through the in-process embedded
+broker slows the learner several times over (docs/edge.md: give nodes a budget near what the learner takes)."""
+
+
 def _say(line: str) -> None:
     print(f"strata demo: {line}", flush=True)
 
@@ -96,12 +102,14 @@ def run_demo(config: DemoConfig) -> int:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    trains_from_fleet = config.fleet and config.fleet_training
+    stages = 6 if trains_from_fleet else 5
 
     # 1. Train, switching live. The demo owns out/run: a previous demo's run is replaced, not resumed.
     run_dir = out / "run"
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    _say(f"1/5 training PPO on {ENV_ID} co-located (budget {config.total_steps:,} env steps); the phase "
+    _say(f"1/{stages} training PPO on {ENV_ID} co-located (budget {config.total_steps:,} env steps); the phase "
          f"schedule moves it to serverless functions ({config.functions}) after {config.switch_at:,} steps")
     rules = SwitchRules(phase_steps=config.switch_at, phase_to="functions", thresholds=True, min_dwell_updates=24)
     switching = SwitchingConfig(modes=("colocated", "functions"), functions=config.functions, fragment_steps=128)
@@ -116,7 +124,7 @@ def run_demo(config: DemoConfig) -> int:
     if not private.exists():
         private, public = generate_keypair(key_dir)
     signing_key = load_signing_key(private)
-    _say("2/5 exporting a signed edge bundle and distilling a micro policy for devices")
+    _say(f"2/{stages} exporting a signed edge bundle and distilling a micro policy for devices")
     exported = export_run(run_dir, signing_key=signing_key, policy="cartpole", target_tier="edge")
     bundle_path = out / "policy.bundle"
     write_bundle(bundle_path, exported.bundle)
@@ -126,8 +134,8 @@ def run_demo(config: DemoConfig) -> int:
     write_bundle(micro_path, micro.bundle)
 
     # 3. Verify as the consumers would, and evaluate the edge bundle with the numpy-only executor.
-    _say(f"3/5 verifying both bundles and evaluating the policy with the numpy device executor ({EVAL_EPISODES} "
-         "episodes)")
+    _say(f"3/{stages} verifying both bundles and evaluating the policy with the numpy device executor "
+         f"({EVAL_EPISODES} episodes)")
     trust = TrustStore([load_public_key(public)])
     bundle = Verifier(trust=trust, tier="edge").verify(bundle_path.read_bytes())
     micro_bundle = Verifier(trust=trust, tier="device").verify(micro_path.read_bytes())
@@ -139,20 +147,20 @@ def run_demo(config: DemoConfig) -> int:
         from edge import run_fleet_demo
 
         where = config.broker or "the embedded MQTT broker"
-        _say(f"4/5 publishing through {where} to {config.edge_nodes} edge agents and {config.devices} devices")
+        _say(f"4/{stages} publishing through {where} to {config.edge_nodes} edge agents and {config.devices} devices")
         fleet = run_fleet_demo(bundle, trust=public, work_dir=out / "fleet", nodes=config.edge_nodes,
                                broker=config.broker, act_seconds=1.0, device_bundle=micro_bundle,
                                devices=config.devices, device_steps=1000, device_threshold=0.2)
 
     # 5. The fleet's experience trains a fresh policy.
     fleet_training: dict[str, Any] | None = None
-    if config.fleet and config.fleet_training:
+    if trains_from_fleet:
         _say(f"5/6 training a fresh policy from the experience of {config.fleet_training_nodes} edge agents alone "
              f"(edge mode, budget {config.fleet_training_steps:,} env steps)")
         fleet_training = _fleet_trains(config, out, key_dir)
 
     # 6. The report.
-    _say("6/6 writing the report")
+    _say(f"{stages}/{stages} writing the report")
     summary = _summary(config, result, exported, bundle, bundle_path, micro, micro_path, returns, fleet, started)
     if fleet_training is not None:
         summary["fleet_training"] = fleet_training
@@ -205,7 +213,8 @@ def _fleet_trains(config: DemoConfig, out: Path, key_dir: Path) -> dict[str, Any
             agents.append(subprocess.Popen(
                 [sys.executable, "-m", "cloud.cli", "edge", "run", "--fleet", fleet_name, "--node-id", f"trainer-{i}",
                  "--cache-dir", str(cache), "--trust", str(key_dir / "strata-signing.pub"), "--broker", url,
-                 "--experience-steps", "32", "--control-period-s", "0", "--health-latency-budget-ms", "5000",
+                 "--experience-steps", "32", "--experience-max-steps-per-s", str(FLEET_TRAINING_NODE_STEPS_PER_S),
+                 "--control-period-s", "0", "--health-latency-budget-ms", "5000",
                  "--seed", str(config.seed * 100 + i)], stdout=log, stderr=log, env=child_environment()))
         stack.callback(_end_all, agents)
         edge = EdgeSourceConfig(edge_broker=url, edge_fleet=fleet_name, edge_wait_s=300,

@@ -489,8 +489,10 @@ class MqttLink:
 
         While disconnected nothing is sent; the broker then delivers the message again after the reconnect, under
         the same packet id (MQTT keeps an unacknowledged packet id in use), and the owner acknowledges it again.
+        A message delivered at QoS 0 (mid 0: a broker that downgraded the subscription) has nothing to acknowledge.
         """
-        self._client.ack(mid, QOS)
+        if mid:
+            self._client.ack(mid, QOS)
 
     def set_will(self, topic: str, payload: bytes) -> None:
         """Replace the last will (retained, QoS 1); it takes effect from the next connect."""
