@@ -60,8 +60,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="also write a provisioning kit per edge node into KITS/<node>/ (edge.toml for "
                        "mqtts://ENDPOINT:8883, the thing's certificate and key, the Amazon root CA, the trusted key; "
                        "files 0600) for `strata edge install --kit`")
-    apply.add_argument("--trust", default=None, type=Path,
-                       help="public signing key the nodes trust (strata-signing.pub); needed with --kits")
+    apply.add_argument("--trust", default=None, type=Path, action="append", metavar="PUBFILE",
+                       help="public signing key the nodes trust (strata-signing.pub); needed with --kits; repeat it "
+                       "to trust the old and the new key while rotating (a private key is refused)")
     apply.set_defaults(func=_wrapped("apply", _apply))
 
     destroy = cmds.add_parser("destroy", help="delete every resource of the stage",
@@ -123,9 +124,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, f.name, None)
         if value is not None:
             given[f.name] = tuple(value) if isinstance(value, list) else value
-    key = given.get("trusted_public_key")
-    if key and "BEGIN" not in key and Path(key).expanduser().is_file():
-        given["trusted_public_key"] = Path(key).expanduser().read_text()
+    if given.get("trusted_public_key"):
+        from infra._models import trusted_key_pem
+
+        given["trusted_public_key"] = trusted_key_pem(given["trusted_public_key"])
     return given
 
 
@@ -194,11 +196,19 @@ def _apply(args: argparse.Namespace) -> int:
     from infra._executor import DryRunExecutor
 
     config = _config(args, "deploying stage {stage} to")
-    if args.kits is not None and (args.trust is None or args.dry_run or not config.edge_nodes):
-        why = ("needs --trust PUBKEY, the signing key the nodes trust" if args.trust is None
+    if args.kits is not None and (not args.trust or args.dry_run or not config.edge_nodes):
+        why = ("needs --trust PUBKEY, the signing key the nodes trust" if not args.trust
                else "writes files, which a --dry-run never does" if args.dry_run
                else "needs edge nodes: pass --edge-nodes n1,n2")
         raise DeployConfigError(f"strata infra apply: --kits {why}")
+    if args.kits is not None:  # refuse a private or malformed --trust before anything is deployed
+        from device import KeyFileError
+        from device._keys import trusted_key_files
+
+        try:
+            trusted_key_files(args.trust, what="--trust")
+        except KeyFileError as exc:
+            raise DeployConfigError(f"strata infra apply --kits: {exc}") from None
     executor = DryRunExecutor(sys.stdout) if args.dry_run else None
     the_plan = apply(config, state_dir=Path(args.state_dir), executor=executor, after_step=_progress,
                      before=lambda p: print(p.render(), flush=True))

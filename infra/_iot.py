@@ -34,9 +34,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from device import MqttAccess, MqttRole, mqtt_client_id, mqtt_topic, write_atomic
+from device import MqttAccess, MqttRole, identifier, inside, mqtt_client_id, mqtt_topic, write_atomic
 from device._mqtt_access import MQTT_ACCESS, NODE_ROLES, SHARE_GROUP, shared_filter
-from device._names import identifier, inside
 
 CREDENTIALS_SCHEMA = 1
 MQTT_TLS_PORT = 8883

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeAlias
 
-from device import mqtt_client_id
-from device._names import is_identifier, shown
+from device import KeyFileError, is_identifier, mqtt_client_id, shown
+from device._keys import parse_public_keys, read_public_key_file
 from infra._errors import DeployConfigError
 from infra._iot import iot_fleet, policy_document
 
@@ -48,8 +48,6 @@ ASYNC_MAX_EVENT_AGE_S = 3600
 rollout an hour old is stale for any learner)."""
 FAILURE_RETENTION_S = 14 * 24 * 3600
 """How long the failure queue keeps a record (SQS's maximum)."""
-_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-_FLEET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +104,8 @@ class DeployConfig:
     source_dir: str = ""
     """Folder holding the strata packages to deploy (functions/, device/); default: the installed strata."""
     trusted_public_key: str = ""
-    """PEM of the Ed25519 public key bundles must be signed with (or a .pub file's path), set as STRATA_TRUSTED_KEYS."""
+    """PEM of the Ed25519 public key(s) bundles must be signed with (or a .pub file's path), set as
+    STRATA_TRUSTED_KEYS; a private key is refused."""
 
     # Edge nodes (AWS IoT Core)
     fleet: str = "default"
@@ -135,19 +134,24 @@ def check_config(config: DeployConfig) -> DeployConfig:
         raise DeployConfigError(f"DeployConfig.architecture={config.architecture!r} is not one of "
                                 f"{sorted(PLATFORMS)}")
     longest = 63 - len(config.stage)  # the MQTT fleet on IoT Core is {stage}.{fleet}, one 64-character segment
-    if not _FLEET.match(config.fleet) or len(config.fleet) > longest:
-        raise DeployConfigError(f"DeployConfig.fleet={config.fleet!r} cannot be an MQTT topic segment: use 1-"
+    if not is_identifier(config.fleet) or len(config.fleet) > longest:
+        raise DeployConfigError(f"DeployConfig.fleet={shown(config.fleet)} cannot be an MQTT topic segment: use 1-"
                                 f"{longest} letters, digits, '_', '.' or '-' (with the stage, {config.stage}.FLEET "
                                 "is one 64-character segment)")
     for node in config.edge_nodes:
-        if not _NODE.match(node):
-            raise DeployConfigError(f"DeployConfig.edge_nodes: node id {node!r} cannot name an IoT thing: use "
+        if not is_identifier(node) or "." in node:  # IoT thing names allow no '.'
+            raise DeployConfigError(f"DeployConfig.edge_nodes: node id {shown(node)} cannot name an IoT thing: use "
                                     "1-64 letters, digits, '_' or '-', starting with a letter or digit")
     if len(set(config.edge_nodes)) != len(config.edge_nodes):
         raise DeployConfigError(f"DeployConfig.edge_nodes={list(config.edge_nodes)} lists a node twice")
-    if config.bucket and not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", config.bucket):
+    if config.bucket and not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", config.bucket):
         raise DeployConfigError(f"DeployConfig.bucket={config.bucket!r} is not a valid S3 bucket name: use 3-63 "
                                 "lowercase letters, digits, '.' or '-'")
+    if config.trusted_public_key:  # a trust anchor: Ed25519 public keys only, never a private key
+        try:
+            parse_public_keys(config.trusted_public_key, source="DeployConfig.trusted_public_key")
+        except KeyFileError as exc:
+            raise DeployConfigError(str(exc)) from None
     return config
 
 
@@ -171,6 +175,24 @@ def reserved_for(spec: FunctionSpec, reserved_concurrency: int | None) -> int | 
     if not reserved_concurrency:
         return None
     return min(reserved_concurrency, spec.concurrency_cap) if spec.concurrency_cap else reserved_concurrency
+def trusted_key_pem(value: str) -> str:
+    """The PEM that `--trusted-public-key VALUE` deploys: VALUE's own PEM text, or the ``.pub`` file it names.
+
+    Both are parsed by the one trust-anchor parser (`device._keys.parse_public_keys`) and written back as
+    canonical PEM, so only Ed25519 public keys ever reach a function's environment or a template.
+
+    Raises:
+        DeployConfigError: VALUE (or the file) holds a private key, no public key, or a non-Ed25519 key; or the
+            file cannot be read.
+    """
+    try:
+        if "-----BEGIN" in value:
+            keys = parse_public_keys(value, source="--trusted-public-key (inline PEM)")
+        else:
+            keys = read_public_key_file(Path(value).expanduser(), what="--trusted-public-key")[1]
+    except KeyFileError as exc:
+        raise DeployConfigError(str(exc)) from None
+    return "".join(key.to_pem().decode() for key in keys)
 
 
 def partition_of(region: str) -> str:

@@ -151,11 +151,13 @@ def runtime() -> Iterator[LocalRuntime]:
 
 
 @pytest.fixture(scope="module")
-def client(runtime: LocalRuntime) -> Any:
+def client(runtime: LocalRuntime) -> Iterator[Any]:
     # boto3's standard retry mode on: a mistake answered with a retryable status would show as RetryAttempts > 0.
-    return boto3.client("lambda", endpoint_url=runtime.url, region_name="us-east-1", aws_access_key_id="testing",
-                        aws_secret_access_key="testing",
-                        config=Config(retries={"mode": "standard", "max_attempts": 3}, read_timeout=30))
+    lam = boto3.client("lambda", endpoint_url=runtime.url, region_name="us-east-1", aws_access_key_id="testing",
+                       aws_secret_access_key="testing",
+                       config=Config(retries={"mode": "standard", "max_attempts": 3}, read_timeout=30))
+    yield lam
+    lam.close()  # its pooled connections: left to the garbage collector they warn (ResourceWarning) in a later test
 
 
 def request(runtime: LocalRuntime, method: str, path: str, headers: dict[str, str], body: bytes

@@ -147,10 +147,12 @@ def test_functions_serve_from_a_dead_endpoint_is_one_error_line(tmp_path: Path) 
 
 def test_a_trusted_key_file_is_read_into_the_config(tmp_path: Path) -> None:
     from cloud.cli import build_parser
+    from device import generate_keypair
     from infra._cli import _overrides
 
-    pem = "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA\n-----END PUBLIC KEY-----\n"
-    (tmp_path / "signer.pub").write_text(pem)
+    # A real key: the value is parsed as an Ed25519 public key now (a truncated PEM is refused).
+    _, pub = generate_keypair(tmp_path, name="signer")
+    pem = pub.read_text()
     args = build_parser().parse_args(["infra", "plan", "--stage", "s", "--trusted-public-key",
                                       str(tmp_path / "signer.pub"), "--edge-nodes", "a", "b"])
     assert _overrides(args) == {"stage": "s", "trusted_public_key": pem, "edge_nodes": ("a", "b")}

@@ -13,6 +13,7 @@ from typing import Any
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
+from device import SigningKey
 from infra._models import Artifact, DeployConfig, desired_resources
 from infra._template import logical_id, template, write_template
 
@@ -35,8 +36,9 @@ def versions(t: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_the_template_passes_cfn_lint_and_a_broken_one_does_not(tmp_path: Path) -> None:
+    # A real public key: DeployConfig's trusted key is parsed now (the old placeholder PEM held no key).
     config = DeployConfig(stage="prod", edge_nodes=("node-a", "node-b"), reserved_concurrency=10,
-                          trusted_public_key="-----BEGIN PUBLIC KEY-----\nabc\n-----END PUBLIC KEY-----\n")
+                          trusted_public_key=SigningKey.generate().public_key.to_pem().decode())
     out = write_template(config, tmp_path / "stack.json", artifact(b"code"))
     result = lint(out)
     assert result.returncode == 0, result.stdout + result.stderr
