@@ -6,6 +6,7 @@ Nothing heavy is imported here: each command imports torch, gymnasium or onnx wh
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -147,9 +148,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     from cloud._demo import DemoConfig, run_demo
+    from cloud.runs._stop import StopSignal
     from device import config_from_args
 
-    return run_demo(config_from_args(DemoConfig, args))
+    config = config_from_args(DemoConfig, args)
+    try:
+        return run_demo(config)
+    except StopSignal as stop:  # SIGTERM during a training stage: it has stopped its run and said so
+        print(f"strata demo: stopped by {stop.name}", file=sys.stderr)
+        return stop.exit_status
 
 
 def _train(args: argparse.Namespace) -> int:

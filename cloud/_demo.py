@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from device import atomic_file, require, write_atomic
+from device import ConfigError, atomic_file, require, write_atomic
 
 ENV_ID = "CartPole-v1"
 SOLVED_RETURN = 475.0
@@ -75,6 +75,12 @@ class DemoConfig:
     """Env-step budget of the fleet-trained run; it stops earlier once its 20-episode mean reaches 475."""
     fleet_training_nodes: int = 3
     """Edge agent processes whose experience trains the fleet-trained run."""
+
+    def __post_init__(self) -> None:
+        # Checked before the first stage: a bad value would otherwise surface only minutes later, at stage 5.
+        if self.fleet_training_steps < 1 or not 1 <= self.fleet_training_nodes <= 16:
+            raise ConfigError(f"demo: --fleet-training-steps {self.fleet_training_steps} must be >= 1 and "
+                              f"--fleet-training-nodes {self.fleet_training_nodes} between 1 and 16")
 
 
 FLEET_TRAINING_NODE_STEPS_PER_S = 300

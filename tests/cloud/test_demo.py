@@ -53,6 +53,14 @@ def test_demo_writes_a_report(tmp_path: Path) -> None:
     assert json.loads((out / "summary.json").read_text())["env_steps"] == 256
 
 
+def test_demo_refuses_a_bad_fleet_training_value_before_any_stage(tmp_path: Path) -> None:
+    for flag, value in (("--fleet-training-steps", "0"), ("--fleet-training-nodes", "0"),
+                        ("--fleet-training-nodes", "17")):
+        result = run_strata("demo", "--out", str(tmp_path / "report"), flag, value, timeout=120)
+        assert result.returncode == 2 and f"{flag} {value} must be" in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "report").exists()
+
+
 def _children(pid: int) -> set[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
     kids = {int(x) for x in out.split()}
