@@ -8,9 +8,13 @@ check and a run (`device.command`): the check validates every flag, their combin
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from cloud.rollout._edge import EdgeSourceConfig
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -21,6 +25,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from cloud.hybrid import HybridConfig
     from cloud.learners._ppo_config import PPOConfig
     from cloud.learners._sac import SACConfig
+    from cloud.rollout._edge import EdgeSourceConfig
     from cloud.runs._stop import ROLLING_EVERY_S
     from cloud.switching._modes import SwitchingConfig
     from cloud.switching._switcher import SwitchRules
@@ -46,7 +51,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Run strata end to end on embedded defaults and write a report folder: PPO on CartPole-v1 "
         "co-located, switched live to serverless functions (local runtime) and back by the rules; a signed edge "
         "bundle and a distilled device bundle; three edge agents and two devices on the embedded MQTT broker; "
-        "a fleet table; learning-curve and throughput plots and a markdown summary.",
+        "a fleet table; a fresh policy trained from the experience of three edge agents alone (the edge mode); "
+        "learning-curve and throughput plots and a markdown summary.",
     )
     add_config_arguments(demo, DemoConfig)
     command(demo, check=_demo_check, run=_demo)
@@ -97,6 +103,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_config_arguments(train.add_argument_group(
         "execution modes and live switching (SwitchingConfig): e.g. --modes colocated decoupled functions"),
         SwitchingConfig)
+    add_config_arguments(train.add_argument_group(
+        "the edge mode (EdgeSourceConfig, --modes ... edge): the fleet's experience over MQTT trains the policy; "
+        "edge agents run with --experience-steps N and --trust RUN_DIR/keys/strata-signing.pub"), EdgeSourceConfig)
     add_config_arguments(train.add_argument_group("automatic switching rules (SwitchRules)"), SwitchRules)
     add_config_arguments(train.add_argument_group(
         "hybrid units (HybridConfig, --modes hybrid [UNIT_MODES...]): learner replicas in step through "
@@ -183,8 +192,13 @@ def _demo_check(args: argparse.Namespace) -> Any:
 
 def _demo(args: argparse.Namespace, config: Any) -> int:
     from cloud._demo import run_demo
+    from cloud.runs._stop import StopSignal
 
-    return run_demo(config)
+    try:
+        return run_demo(config)
+    except StopSignal as stop:  # SIGTERM during a training stage: it has stopped its run and said so
+        print(f"strata demo: stopped by {stop.name}", file=sys.stderr)
+        return stop.exit_status
 
 
 # ------------------------------------------------------------------------------------------------ train
@@ -201,6 +215,8 @@ class TrainPlan:
     rules: Any = None
     unit: Any = None
     """The hybrid `UnitSpec`."""
+    edge: Any = None
+    """The edge mode's `EdgeSourceConfig`, when the run uses it."""
 
 
 def _train_check(args: argparse.Namespace) -> TrainPlan:
@@ -244,6 +260,7 @@ def _check_ppo(args: argparse.Namespace) -> TrainPlan:
     spec = _spec(args, "ppo")
     TargetCheck(args.target_return, args.confirm_episodes)
     check_modes(config, switching, rules=rules)
+    edge = _edge_config(args)
     state = open_run(spec, trim=False)  # fresh: the dir holds no run; resume: its checkpoint and logs read back
     obs_space, action_space = probe_spaces(args.env)
     if state is not None:
@@ -251,7 +268,7 @@ def _check_ppo(args: argparse.Namespace) -> TrainPlan:
 
         with reading(latest_checkpoint(spec.run_dir)):
             PPOLearner(obs_space, action_space, config, state)
-    return TrainPlan(learner="ppo", config=config, switching=switching, rules=rules)
+    return TrainPlan(learner="ppo", config=config, switching=switching, rules=rules, edge=edge)
 
 
 def _check_sac(args: argparse.Namespace) -> TrainPlan:
@@ -271,7 +288,7 @@ def _check_sac(args: argparse.Namespace) -> TrainPlan:
         with reading(latest_checkpoint(spec.run_dir)):
             config = dataclasses.replace(SACConfig.from_dict(state["config"]), **{k: getattr(config, k) for k in given})
     check_sac_action_space(args.env, probe_spaces(args.env)[1])
-    return TrainPlan(learner="sac", config=config)
+    return TrainPlan(learner="sac", config=config, edge=_edge_config(args))
 
 
 def _train(args: argparse.Namespace, plan: TrainPlan) -> int:
@@ -284,13 +301,13 @@ def _train(args: argparse.Namespace, plan: TrainPlan) -> int:
     if plan.learner == "hybrid":
         return train_hybrid(args, plan.unit)
     if plan.learner == "sac":
-        return _train_sac(args, plan.config)
+        return _train_sac(args, plan)
     try:
         result = train(env_id=args.env, total_steps=args.total_steps, run_dir=args.run_dir, seed=args.seed,
                        config=plan.config, resume=args.resume, target_return=args.target_return,
                        confirm_episodes=args.confirm_episodes, checkpoint_every=args.checkpoint_every,
                        rolling_checkpoint_s=args.rolling_checkpoint_s, switching=plan.switching, rules=plan.rules,
-                       resume_command=resume_command(args))
+                       resume_command=resume_command(args), edge=plan.edge)
     except StopSignal as stop:
         return stop.exit_status  # the stop line said where the checkpoint is
     solved = ("" if result.solved_at_step is None
@@ -306,6 +323,27 @@ def _train(args: argparse.Namespace, plan: TrainPlan) -> int:
               f"gaps {result.accounting['gaps']}")
     print(f"strata train: checkpoint {result.checkpoint}; metrics {args.run_dir / METRICS_FILE}")
     return 0
+
+
+def _edge_config(args: argparse.Namespace) -> EdgeSourceConfig | None:
+    """The edge mode's config when ``--modes`` names it; edge flags without that mode would do nothing: an error."""
+    import dataclasses
+
+    from cloud.rollout._edge import EdgeSourceConfig
+    from device import ConfigError, config_from_args
+
+    sac = args.algo == "sac"
+    if ("edge" in (args.modes or ())) if not sac else args.env_mode == "edge":
+        config = config_from_args(EdgeSourceConfig, args)
+        config.check_ready()
+        return config
+    given = sorted(f.name for f in dataclasses.fields(EdgeSourceConfig) if getattr(args, f.name, None) is not None)
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        where = "--env-mode edge (SAC)" if sac else "edge in --modes"
+        raise ConfigError(f"train: {flags} configure the edge mode, which this run does not use; give {where} or "
+                          "drop them")
+    return None
 
 
 def _refuse_flags_of_the_other_algo(args: argparse.Namespace) -> None:
@@ -334,17 +372,17 @@ def _refuse_flags_of_the_other_algo(args: argparse.Namespace) -> None:
         raise ConfigError(f"train: --algo {args.algo} does not use {flags}: {why}")
 
 
-def _train_sac(args: argparse.Namespace, config: Any) -> int:
+def _train_sac(args: argparse.Namespace, plan: TrainPlan) -> int:
     from cloud.runs._checkpoint import latest_checkpoint
     from cloud.runs._run import resume_command
     from cloud.runs._sac_run import train_sac
     from cloud.runs._stop import StopSignal
 
     try:
-        result = train_sac(config, env_id=args.env, run_dir=args.run_dir, seed=args.seed,
+        result = train_sac(plan.config, env_id=args.env, run_dir=args.run_dir, seed=args.seed,
                            total_steps=args.total_steps, resume=args.resume, checkpoint_every=args.checkpoint_every,
                            rolling_checkpoint_s=args.rolling_checkpoint_s,
-                           control=args.control is not False, resume_command=resume_command(args))
+                           control=args.control is not False, resume_command=resume_command(args), edge=plan.edge)
     except StopSignal as stop:
         return stop.exit_status
     print(f"strata train: {args.env}: SAC, {result.global_step:,} env steps, exported policy's mean evaluation "
@@ -388,6 +426,20 @@ def _status(args: argparse.Namespace, client: Any) -> int:
               for u in status.get("units", [])],
             ("last switch", "none" if not last else f"{last['from_mode']} -> {last['to_mode']} at step "
              f"{last['at_step']:,} ({last['trigger']}: {last['reason']}), pause {last['pause_s'] * 1000:.0f} ms")]
+    edge = status.get("edge")
+    if isinstance(edge, dict):
+        rows += [("edge records", f"{edge.get('records', 0):,} learned from ({edge.get('transitions', 0):,} "
+                  f"transitions); {edge.get('records_received', 0):,} received, {edge.get('pending', 0):,} pending"),
+                 ("edge duplicates", f"{edge.get('duplicates_wire', 0):,} on the wire (stored once), "
+                  f"{edge.get('duplicates_learner', 0):,} dropped by the learner"),
+                 ("edge refused", f"{edge.get('refused_stale', 0):,} stale, {edge.get('refused', 0):,} malformed, "
+                  f"{edge.get('refused_ingest', 0):,} at ingest; staleness mean {edge.get('staleness_mean')} max "
+                  f"{edge.get('staleness_max')} versions"),
+                 ("edge ingesters", f"{edge.get('ingesters', 0)} running, {edge.get('ingester_restarts', 0)} "
+                  "restarts")]
+        for node, n in sorted((edge.get("nodes") or {}).items()):
+            rows.append((f"node {node}"[:17], f"{n.get('records', 0):,} records, v{n.get('version')}, lag "
+                         f"{n.get('lag_versions')} versions / {n.get('lag_s')} s"))
     for name, value in rows:
         print(f"{name:>17}  {value}")
     return 0

@@ -432,21 +432,25 @@ class HostPort(Kind):
 class Url(Kind):
     """A URL ``scheme://host[:port]`` with a scheme of `schemes`, a valid host and a port 1-65535.
 
-    `path` allows a path after the host (HTTP endpoints); `credentials` allows ``user:pass@`` in it.
+    `path` allows a path after the host (HTTP endpoints); `credentials` allows ``user:pass@`` in it; `empty` takes
+    "" as "not set".
     """
 
     schemes: tuple[str, ...] = ()
     path: bool = False
     credentials: bool = False
+    empty: bool = False
     metavar: ClassVar[str] = "URL"
 
     @property
     def form(self) -> str:
         return (f"a URL {self.schemes[0]}://HOST[:PORT] (scheme {' or '.join(self.schemes)}, a port from 1 to "
-                "65535)")
+                "65535)" + (" or empty" if self.empty else ""))
 
     def check(self, value: Any) -> str:
         value = _one_line(value, self, 2048)
+        if value == "" and self.empty:
+            return typing.cast(str, value)
         try:
             parsed = urllib.parse.urlsplit(value)
             port = parsed.port

@@ -58,6 +58,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         Choice,
         Host,
         InputFolder,
+        Integer,
         Many,
         Name,
         Number,
@@ -116,6 +117,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _config_flags(check, EdgeAgentConfig)
     command(check, check=_edge_checked, run=_edge_config_check)
 
+    from device import add_config_arguments
+    from edge._ingest import IngestConfig
+
+    ingest = edge_sub.add_parser(
+        "ingest", help="ingest the fleet's experience records into a learner's spool (started by edge-mode runs)",
+        description="Subscribe to strata/FLEET/nodes/+/experience (an MQTT 5 shared subscription, so several "
+        "ingesters split the fleet; the plain filter on a 3.1.1-only broker), validate every record against the "
+        "learner's spaces, store it once in the spool (SQLite), then acknowledge it and send the node a receipt. "
+        "`strata train --modes edge` starts and supervises its own ingesters (--edge-ingesters); runs until "
+        "SIGTERM or Ctrl-C.")
+    add_config_arguments(ingest, IngestConfig)
+    add_option(ingest, "--log-level", Choice(values=LOG_LEVELS), default="WARNING", help="logging level")
+    command(ingest, check=_edge_ingest_check, run=_edge_ingest)
+
     install = edge_sub.add_parser(
         "install", help="install a node's kit as a hardened systemd service",
         description="Place the kit's config and credentials under /etc/strata/NODE/ (0600), state under "
@@ -166,6 +181,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                help="comma-separated terminal device ids: each becomes a broker user that reads device "
                "bundles and sends its own escalations; each node's user then also may relay device "
                "bundles and answer its devices' escalations (its gateway)")
+    add_option(config, "--learner", Name(), metavar="USER",
+               help="also make the users of an edge-mode learner: USER (its policy publisher) and "
+               "USER-ingest-K for each ingester, one password in credentials/USER.password; they read "
+               "every node's experience and write receipts and policies (strata train --edge-username USER "
+               "--edge-password-file credentials/USER.password)")
+    add_option(config, "--ingesters", Integer(min=1, max=64), default=1, metavar="N",
+               help="with --learner: the learner's ingesters (--edge-ingesters)")
     add_option(config, "--port", Port(zero=False), default=1883, help="listener port in mosquitto.conf")
     add_option(config, "--bind", Host(), default="127.0.0.1",
                help="listener address in mosquitto.conf; 0.0.0.0 serves other hosts")
@@ -389,6 +411,44 @@ def _edge_run(args: argparse.Namespace, checked: Any) -> int:
     return 0
 
 
+def _edge_ingest_check(args: argparse.Namespace) -> tuple[Any, str | None]:
+    """The ingester's config, its password and its spaces file, read before it connects. Nothing is written."""
+    import dataclasses
+
+    from device import config_from_args
+    from edge._agent import read_password_file
+    from edge._errors import EdgeConfigError
+    from edge._ingest import IngestConfig, read_spec
+
+    missing = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(IngestConfig)
+               if f.default is dataclasses.MISSING and getattr(args, f.name, None) is None]
+    if missing:
+        raise EdgeConfigError(f"strata edge ingest: {', '.join(missing)} required")
+    config = config_from_args(IngestConfig, args)
+    password = read_password_file(config.password_file) if config.password_file else None
+    read_spec(config.spaces)
+    return config, password
+
+
+def _edge_ingest(args: argparse.Namespace, checked: tuple[Any, str | None]) -> int:
+    import threading
+
+    from edge._ingest import run_ingester
+
+    config, password = checked
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    try:
+        counters = run_ingester(config, password=password, stop=stop, on_ready=lambda ingester: print(
+            f"strata edge ingest: {config.name} ingesting {config.fleet} into {config.spool}", flush=True))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print(f"strata edge ingest: {config.name}: {counters.received} received, {counters.stored} stored, "
+          f"{counters.duplicates} duplicates, {counters.refused} refused")
+    return 0
+
+
 def _fleet_check(args: argparse.Namespace) -> str | None:
     return _check_link(args, "strata fleet")
 
@@ -423,14 +483,21 @@ def _fleet(args: argparse.Namespace, password: str | None) -> int:
 def _broker_config_check(args: argparse.Namespace) -> dict[str, bytes]:
     """The kit flags agree and the users are distinct; returns the trusted keys for the kits. Nothing is written."""
     from device._keys import trusted_key_files
+    from edge._broker_config import learner_users
     from edge._errors import EdgeConfigError
     from edge._provision import KIT_CONFIG
+    from edge._topics import check_segment
 
-    users = [*args.cloud_user, *args.nodes, *args.devices]
+    learner = [check_segment(u, "learner user") for u in learner_users(args.learner, args.ingesters)] \
+        if args.learner else []
+    if args.learner is None and args.ingesters != 1:
+        raise EdgeConfigError("strata broker config: --ingesters counts the users of --learner; add --learner USER, "
+                              "or drop --ingesters")
+    users = [*args.cloud_user, *args.nodes, *args.devices, *learner]
     twice = sorted({u for u in users if users.count(u) > 1})
     if twice:
-        raise EdgeConfigError(f"strata broker config: {shown_list(twice)} named twice across --cloud-user, --nodes "
-                              "and --devices; every broker user needs a name of its own")
+        raise EdgeConfigError(f"strata broker config: {shown_list(twice)} named twice across --cloud-user, --nodes, "
+                              "--devices and --learner; every broker user needs a name of its own")
     if args.kits is None:
         if args.trust or args.broker_url:
             raise EdgeConfigError("strata broker config: --trust and --broker-url go into kits and do nothing "
@@ -459,7 +526,8 @@ def _broker_config(args: argparse.Namespace, trusted: dict[str, bytes]) -> int:
 
     nodes = list(args.nodes)
     files = write_broker_config(args.out, fleet=args.fleet, nodes=nodes, cloud_user=list(args.cloud_user),
-                                port=args.port, bind=args.bind, devices=list(args.devices))
+                                port=args.port, bind=args.bind, devices=list(args.devices), learner=args.learner,
+                                ingesters=args.ingesters)
     print(f"wrote {files.passwd} (hashed with {files.hashed_with}), {files.acl}, {files.conf}")
     print(f"passwords (mode 0600) in {args.out / 'credentials'}/: pass one with --username USER "
           "--password-file FILE")

@@ -46,7 +46,9 @@ EDGE_LAYOUT = ConfigLayout(
         "cache": ("cache_dir",),
         "simulator": ("env", "seed", "steps", "duration", "control_period_s", "serve_devices"),
         "health": ("health_deadline_s", "health_latency_budget_ms", "health_min_return", "health_episodes"),
-        "telemetry": ("telemetry_interval_s", "experience_steps", "outbox_max_records", "outbox_overflow"),
+        "telemetry": ("telemetry_interval_s", "experience_steps", "experience_max_bytes_per_s",
+                      "experience_max_steps_per_s", "experience_receipt_timeout_s", "outbox_max_records",
+                      "outbox_overflow"),
     },
     env_prefix="STRATA_EDGE_",
 )

@@ -63,6 +63,11 @@ class PPOConfig:
     """Weight of the entropy bonus."""
     vf_coef: float = declared(Number(min=0.0, max=1e3), 0.5)
     """Weight of the value loss."""
+    vtrace_rho_bar: float = declared(Number(min=0.0, max=1e6, min_open=True), 1.0)
+    """Experience acted by an older policy (the edge fleet's, with its behaviour log-probs): truncation of each step's
+    importance weight in the V-trace advantages (cloud.learners._losses.compute_vtrace)."""
+    vtrace_c_bar: float = declared(Number(min=0.0, max=1e6, min_open=True), 1.0)
+    """Truncation of the V-trace traces that carry later TD errors back (with gae_lambda)."""
 
     # --- observations ---
     normalize_obs: bool = True

@@ -36,6 +36,8 @@ BASELINES: dict[str, list[str]] = {
     "edge run": ["--config", "{edge-config}"],
     "edge config show": ["--config", "{edge-config}"],
     "edge config check": ["--config", "{edge-config}"],
+    "edge ingest": ["--broker", "mqtt://127.0.0.1:9", "--fleet", "fleet", "--spool", "{out-file}", "--spaces",
+                    "{spaces}"],
     "edge install": ["--kit", "{kit}", "--prefix", "{out-dir}", "--dry-run"],
     "edge uninstall": ["--node", "node-1", "--prefix", "{out-dir}"],
     "fleet": ["--broker", "mqtt://127.0.0.1:9", "--fleet", "fleet", "--wait", "0"],

@@ -99,6 +99,9 @@ def build(root: Path, *, run_dir: bool = True) -> dict[str, Path]:
     kit = write_kit(root / "kits", node="node-1", config={"fleet": "fleet", "trust": ("signer.pub",)},
                     files={"signer.pub": public.read_bytes()})
     out["kit"] = root / "kits" / kit.node
+    out["spaces"] = root / "spaces.json"
+    out["spaces"].write_text(json.dumps({"observation_space": CARTPOLE_OBS,
+                                         "action_space": {"type": "Discrete", "n": 2}, "max_steps": 64}))
     out["requirements"] = root / "requirements.txt"
     out["requirements"].write_text("numpy\n")
     if run_dir:

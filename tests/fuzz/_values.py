@@ -108,7 +108,8 @@ def hostile(desc: Mapping[str, Any], places: Places) -> list[tuple[str, str]]:
             places.text_file, places.folder, missing, missing / "child", "/proc/self/status", "/proc/self",
             "/proc/self/mem", "/dev/zero", "/dev/null", places.root / "zero-link", "/proc/self/status/child",
             "a" * 300, "bad\nname")]
-        for content in ("bundle", "device-bundle", "public-key", "private-key", "edge-config", "run-dir", "kit"):
+        for content in ("bundle", "device-bundle", "public-key", "private-key", "edge-config", "run-dir", "kit",
+                        "spaces"):
             fixture = places.fixture(content)
             if fixture is not None and content != desc.get("content"):
                 out.append((family, str(fixture)))
