@@ -57,7 +57,8 @@ def test_demo_refuses_a_bad_fleet_training_value_before_any_stage(tmp_path: Path
     for flag, value in (("--fleet-training-steps", "0"), ("--fleet-training-nodes", "0"),
                         ("--fleet-training-nodes", "17")):
         result = run_strata("demo", "--out", str(tmp_path / "report"), flag, value, timeout=120)
-        assert result.returncode == 2 and f"{flag} '{value}': must be an integer from 1 to" in result.stderr, result.stderr
+        assert result.returncode == 2, result.stderr
+        assert f"{flag} '{value}': must be an integer from 1 to" in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "report").exists()
 
 
