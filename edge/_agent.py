@@ -155,7 +155,7 @@ class EdgeAgentConfig:
     """Simulator episodes for the minimum-return check."""
 
     # reporting
-    telemetry_interval_s: float = declared(Seconds(max=86400.0, positive=True), 1.0)
+    telemetry_interval_s: float = declared(Seconds(max=1e7, positive=True), 1.0)
     """Seconds between telemetry records."""
     experience_steps: int = declared(Integer(min=0, max=MAX_RECORD_STEPS), 0)
     """Collect experience for the learner in records of this many steps (0: none). A bundle that asks for

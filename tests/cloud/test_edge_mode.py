@@ -222,10 +222,12 @@ def test_edge_flags_are_checked_before_any_work(tmp_path: Path) -> None:
     cases = [
         (["--modes", "edge"], "mode edge needs --edge-broker mqtt://HOST:PORT and --edge-fleet NAME"),
         (["--modes", "colocated", "--edge-broker", "mqtt://127.0.0.1:1"], "--edge-broker configure the edge mode"),
-        (["--modes", "edge", "--edge-broker", "ftp://x", "--edge-fleet", "f"], "is not of the form mqtt://host:port"),
-        (["--modes", "edge", "--edge-broker", "mqtt://127.0.0.1:1", "--edge-fleet", "a/b"], "cannot be an MQTT topic"),
+        (["--modes", "edge", "--edge-broker", "ftp://x", "--edge-fleet", "f"],
+         "--edge-broker 'ftp://x': must be a URL"),
+        (["--modes", "edge", "--edge-broker", "mqtt://127.0.0.1:1", "--edge-fleet", "a/b"],
+         "--edge-fleet 'a/b': must be"),
         (["--modes", "edge", "--edge-broker", "mqtt://127.0.0.1:1", "--edge-fleet", "f", "--edge-ingesters", "0"],
-         "edge_ingesters=0"),
+         "--edge-ingesters '0': must be an integer from 1 to 64"),
         (["--modes", "edge", "--edge-broker", "mqtt://127.0.0.1:1", "--edge-fleet", "f", "--edge-password-file",
           str(tmp_path / "missing")], "--edge-password-file"),
         (["--algo", "sac", "--env", "Pendulum-v1", "--edge-fleet", "f"], "give --env-mode edge (SAC) or drop them"),
@@ -247,9 +249,9 @@ def test_strata_edge_ingest_refuses_bad_flags_in_one_line(tmp_path: Path) -> Non
              (["--broker", "mqtt://127.0.0.1:1", "--fleet", "f", "--spool", str(tmp_path / "s.sqlite"), "--spaces",
                str(spaces)], "is not a spaces file written by the learner"),
              (["--broker", "mqtt://127.0.0.1:1", "--fleet", "f/x", "--spool", "s", "--spaces", "x"],
-              "cannot be an MQTT topic segment"),
+              "--fleet 'f/x': must be 1-64 letters"),
              (["--broker", "mqtt://127.0.0.1:1", "--fleet", "f", "--spool", "s", "--spaces", str(spaces),
-               "--batch-s", "0"], "batch_s=0.0 must lie in (0, 10]")]
+               "--batch-s", "0"], "--batch-s '0': must be a finite number of seconds above 0 and at most 10")]
     for flags, message in cases:
         got = run_strata("edge", "ingest", *flags, timeout=120)
         assert got.returncode == 2 and message in got.stderr and "Traceback" not in got.stderr, (flags, got.stderr)
