@@ -1,0 +1,165 @@
+"""What the secure service plane costs: fragments/s of a decoupled run across network namespaces, mTLS vs plaintext.
+
+Three "hosts" (Linux network namespaces on one bridge, `tests._netns`): a learner and two env hosts. Each env host
+runs two `strata envs serve` with K CartPole envs on its own address: one plaintext (``--insecure-plaintext-off-
+loopback``, the baseline) and one with mutual TLS and the per-run token (`strata certs`). A client in the
+learner's namespace drives a `FragmentSource` over both services of each kind (the services act with an MLP
+4-64-64-2 bundle for F steps of K envs per call, 2 calls in flight per service) and alternates plaintext and mTLS
+windows of the same number of fragments, so both see the same machine in the same minutes. Two shapes: the
+decoupled run's usual fragments (F=64 steps x K=32 envs) and small ones (F=8 x K=8), where the per-call cost of
+TLS weighs most. Goal: mTLS costs at most 10% of the fragments/s at the usual shape.
+
+All namespaces share this machine's cores: the figure is the CPU cost of TLS (handshake once, then AES-GCM and
+framing per message), not a network's latency. Needs root and network namespaces.
+
+    PYTHONPATH=. .venv/bin/python -m benchmarks.service_plane_tls [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SHAPES = {"usual": (64, 32), "small": (8, 8)}
+"""Shape name -> (F steps per fragment, K envs per service)."""
+PLAIN_PORT, TLS_PORT = 50051, 50052
+
+
+def _serve(net: Any, host: str, certs: Path, *, envs: int, port: int, secure: bool) -> tuple[Any, str]:
+    flags = (["--tls-ca", str(certs / "ca.crt"), "--tls-cert", str(certs / "env" / "tls.crt"), "--tls-key",
+              str(certs / "env" / "tls.key"), "--tls-token-file", str(certs / "token")] if secure
+             else ["--insecure-plaintext-off-loopback"])
+    strata = str(Path(sys.executable).with_name("strata"))
+    proc = net.popen(host, [strata, "envs", "serve", "--host", net.address(host), "--port", str(port), "--envs",
+                            str(envs), "--max-workers", "4", *flags],
+                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    ready, _, _ = select.select([proc.stdout], [], [], 120)
+    line = proc.stdout.readline() if ready else ""
+    if " on " not in line:
+        raise RuntimeError(f"env service on {host} did not start: {line!r}")
+    return proc, line.rsplit(" on ", 1)[1].strip()
+
+
+def client(args: argparse.Namespace) -> int:
+    """Inside the learner's namespace: alternate plaintext and mTLS windows; print one JSON line."""
+    from cloud.rollout._decoupled import FragmentSource
+    from functions._secure import ServiceTLS
+
+    certs = Path(args.certs)
+    secure = ServiceTLS(tls_ca=str(certs / "ca.crt"), tls_cert=str(certs / "learner" / "tls.crt"),
+                        tls_key=str(certs / "learner" / "tls.key"), tls_token_file=str(certs / "token"))
+    bundle = Path(args.bundle).read_bytes()
+    sources = {"plaintext": FragmentSource(args.plain.split(","), steps=args.steps, inflight=2, timeout_s=120,
+                                           tls=ServiceTLS(insecure_plaintext_off_loopback=True)),
+               "mtls": FragmentSource(args.tls.split(","), steps=args.steps, inflight=2, timeout_s=120, tls=secure)}
+    for source in sources.values():
+        source.set_policy(bundle)
+    # warm-up (connections, handshakes, first policy loads), and the window size from the plaintext rate
+    started = time.perf_counter()
+    for source in sources.values():
+        for _ in source.fragments(count=8):
+            pass
+    rate = 16 / (time.perf_counter() - started)
+    per_window = max(8, int(rate * args.seconds))
+    rounds: dict[str, list[float]] = {name: [] for name in sources}
+    steps: dict[str, list[float]] = {name: [] for name in sources}
+    for r in range(args.rounds):
+        order = list(sources) if r % 2 == 0 else list(reversed(sources))
+        for name in order:
+            n, transitions, t0 = 0, 0, time.perf_counter()
+            for batch in sources[name].fragments(count=per_window):
+                n += 1
+                transitions += batch.size
+            elapsed = time.perf_counter() - t0
+            rounds[name].append(n / elapsed)
+            steps[name].append(transitions / elapsed)
+    for source in sources.values():
+        source.close()
+    print(json.dumps({"fragments_per_s": rounds, "env_steps_per_s": steps, "fragments_per_window": per_window}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short windows and fewer rounds (< 1 minute)")
+    parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    for name in ("--plain", "--tls", "--certs", "--bundle"):
+        parser.add_argument(name, default="", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=64, help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=4.0, help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=5, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.client:
+        return client(args)
+
+    from benchmarks.decoupled_transport import policy_bundle
+    from tests._netns import Hosts, unavailable
+
+    why = unavailable()
+    if why is not None:
+        print(f"service_plane_tls: cannot run here: {why}", file=sys.stderr)
+        print(json.dumps({"benchmark": "service_plane_tls", "skipped": why}))
+        return 1
+    seconds, rounds = (1.5, 5) if args.quick else (4.0, 7)
+    shapes = {"usual": SHAPES["usual"]} if args.quick else SHAPES
+    strata = str(Path(sys.executable).with_name("strata"))
+    figures: dict[str, Any] = {"benchmark": "service_plane_tls", "quick": args.quick, "env": "CartPole-v1",
+                               "rounds": rounds, "services": "2 env hosts x (1 plaintext + 1 mTLS service)"}
+    with tempfile.TemporaryDirectory() as tmp_name, Hosts(["learner", "env1", "env2"]) as net:
+        tmp = Path(tmp_name)
+        bundle = tmp / "policy.bundle"
+        bundle.write_bytes(policy_bundle(tmp))
+        certs = tmp / "certs"
+        subprocess.run([strata, "certs", "--out", str(certs), "--role", f"learner={net.address('learner')}",
+                        "--role", f"env={net.address('env1')},{net.address('env2')}"], check=True,
+                       capture_output=True)
+        for shape, (steps, envs) in shapes.items():
+            procs, plain, secure = [], [], []
+            for host in ("env1", "env2"):
+                p, a = _serve(net, host, certs, envs=envs, port=PLAIN_PORT, secure=False)
+                procs.append(p)
+                plain.append(a)
+                p, a = _serve(net, host, certs, envs=envs, port=TLS_PORT, secure=True)
+                procs.append(p)
+                secure.append(a)
+            run = net.run("learner", [sys.executable, "-m", "benchmarks.service_plane_tls", "--client", "--plain",
+                                      ",".join(plain), "--tls", ",".join(secure), "--certs", str(certs), "--bundle",
+                                      str(bundle), "--steps", str(steps), "--seconds", str(seconds), "--rounds",
+                                      str(rounds)], timeout=600)
+            for p in procs:
+                net.kill(p)
+            if run.returncode != 0:
+                raise RuntimeError(f"the client failed: {run.stderr[-2000:]}")
+            got = json.loads(run.stdout.strip().splitlines()[-1])
+            plain_rate = statistics.median(got["fragments_per_s"]["plaintext"])
+            tls_rate = statistics.median(got["fragments_per_s"]["mtls"])
+            figures[shape] = {
+                "fragment_steps": steps, "envs_per_service": envs,
+                "plaintext_fragments_per_s": round(plain_rate, 1), "mtls_fragments_per_s": round(tls_rate, 1),
+                "plaintext_env_steps_per_s": round(statistics.median(got["env_steps_per_s"]["plaintext"])),
+                "mtls_env_steps_per_s": round(statistics.median(got["env_steps_per_s"]["mtls"])),
+                "mtls_cost": round(1 - tls_rate / plain_rate, 4),
+                "rounds_fragments_per_s": got["fragments_per_s"], "fragments_per_window": got["fragments_per_window"],
+            }
+    print(f"{'shape':<22} {'plaintext frag/s':>17} {'mTLS frag/s':>12} {'mTLS cost':>10} {'steps/s plain':>14} "
+          f"{'steps/s mTLS':>13}")
+    for shape in shapes:
+        f = figures[shape]
+        label = f"{shape} ({f['fragment_steps']}x{f['envs_per_service']})"
+        print(f"{label:<22} {f['plaintext_fragments_per_s']:>17,.1f} {f['mtls_fragments_per_s']:>12,.1f} "
+              f"{f['mtls_cost']:>10.1%} {f['plaintext_env_steps_per_s']:>14,} {f['mtls_env_steps_per_s']:>13,}")
+    figures["goal_mtls_cost_le_10pct"] = figures["usual"]["mtls_cost"] <= 0.10
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
