@@ -90,14 +90,16 @@ class Leader:
     """Rank 0's services for one run: parameter server, control endpoint, unit status."""
 
     def __init__(self, *, switcher: Switcher, env_id: str, run_dir: Path, policy: str, control: bool,
-                 param_host: str, param_port: int, tls: ServiceTLS = PLAINTEXT) -> None:
+                 param_host: str, param_port: int, tls: ServiceTLS = PLAINTEXT,
+                 health_port: int | None = None) -> None:
         from cloud.params._server import ParameterServer, ParamServerConfig
         from cloud.switching._modes import JobControl
 
         self.run_dir = Path(run_dir)
         self.policy = policy
         self.gate = SwitchGate(switcher)
-        self.server = ParameterServer(ParamServerConfig(host=param_host, port=param_port, tls=tls)).start()
+        self.server = ParameterServer(ParamServerConfig(host=param_host, port=param_port, tls=tls,
+                                                        health_port=health_port)).start()
         self.published = 0
         write_atomic(self.run_dir / PARAM_SERVER_FILE,
                      json.dumps({"address": self.server.address, "policy": policy}), durable=False)
