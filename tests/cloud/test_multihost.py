@@ -67,14 +67,24 @@ def read_line(proc: subprocess.Popen[str], what: str, timeout: float = 120.0) ->
     return line
 
 
-def serve_envs(net: Hosts, host: str, certs: Path, log: Path, *, envs: int = 4) -> tuple[subprocess.Popen[str], str]:
-    """`strata envs serve` on `host`'s address over mutual TLS; returns the process and its address."""
-    with log.open("w") as err:
-        proc = net.popen(host, [STRATA, "envs", "serve", "--host", net.address(host), "--port", ENV_PORT, "--envs",
-                                str(envs), *tls_flags(certs, "env")], stdout=subprocess.PIPE, stderr=err, text=True)
-    line = read_line(proc, f"env service on {host}")
-    assert "over mutual TLS on" in line, line
-    return proc, line.rsplit(" on ", 1)[1].strip()
+def serve_envs(net: Hosts, hosts: list[str], certs: Path, logs: Path, *, envs: int = 4
+               ) -> dict[str, tuple[subprocess.Popen[str], str]]:
+    """`strata envs serve` on each host's address over mutual TLS, started together; host -> (process, address).
+
+    Each service's stderr goes to ``logs/HOST.err``.
+    """
+    procs = {}
+    for host in hosts:
+        with (logs / f"{host}.err").open("w") as err:
+            procs[host] = net.popen(host, [STRATA, "envs", "serve", "--host", net.address(host), "--port", ENV_PORT,
+                                           "--envs", str(envs), *tls_flags(certs, "env")],
+                                    stdout=subprocess.PIPE, stderr=err, text=True)
+    started = {}
+    for host, proc in procs.items():
+        line = read_line(proc, f"env service on {host}")
+        assert "over mutual TLS on" in line, line
+        started[host] = (proc, line.rsplit(" on ", 1)[1].strip())
+    return started
 
 
 def train_args(run_dir: Path, services: list[str], certs: Path, *, total_steps: int) -> list[str]:
@@ -88,17 +98,16 @@ def test_decoupled_run_across_three_hosts_over_mtls_and_a_stranger_refused(hosts
     started = time.monotonic()
     net = hosts("learner", "env1", "env2", "stranger")
     certs = certs_for(net, tmp_path / "certs", learner=["learner"], env=["env1", "env2"])
-    logs = {h: tmp_path / f"{h}.err" for h in ("env1", "env2")}
-    services = [serve_envs(net, h, certs, logs[h]) for h in ("env1", "env2")]
-    addresses = [address for _, address in services]
+    services = serve_envs(net, ["env1", "env2"], certs, tmp_path)
+    addresses = [services[h][1] for h in ("env1", "env2")]
 
+    # the run and the stranger's two attempts go on at once (independent hosts; the run's calls must not be hurt)
+    run_dir = tmp_path / "run"
+    with (tmp_path / "train.out").open("w") as out, (tmp_path / "train.err").open("w") as err:
+        run = net.popen("learner", train_args(run_dir, addresses, certs, total_steps=1024), stdout=out, stderr=err,
+                        text=True)
     # the stranger: no certificate at all (refused at the handshake), and an env host's certificate used as a
     # client of another env host (refused per call: env services take calls from the learner role only)
-    plain = net.run("stranger", [STRATA, "envs", "health", addresses[0], "--timeout", "20",
-                                 "--insecure-plaintext-off-loopback"])
-    assert plain.returncode == 1
-    [line] = [x for x in plain.stderr.splitlines() if x.startswith("strata envs health:")]
-    assert "closes plaintext clients" in line, plain.stderr
     probe = ("import sys; from functions._envservice import EnvServiceClient, EnvServiceError\n"
              "from functions._secure import service_tls_from_args\n"
              "import argparse; a = argparse.Namespace(tls_ca=sys.argv[2], tls_cert=sys.argv[3], tls_key=sys.argv[4],"
@@ -107,22 +116,30 @@ def test_decoupled_run_across_three_hosts_over_mtls_and_a_stranger_refused(hosts
              "try:\n    c.spec()\nexcept EnvServiceError as e:\n    print(e)\n    sys.exit(3)\n")
     env_cert = [str(certs / "ca.crt"), str(certs / "env" / "tls.crt"), str(certs / "env" / "tls.key"),
                 str(certs / "token")]
-    wrong_role = net.run("stranger", [sys.executable, "-c", probe, addresses[1], *env_cert])
-    assert wrong_role.returncode == 3, wrong_role.stdout + wrong_role.stderr
-    assert "is not of a role that may call it (learner)" in wrong_role.stdout
+    plain = net.popen("stranger", [STRATA, "envs", "health", addresses[0], "--timeout", "20",
+                                   "--insecure-plaintext-off-loopback"], stderr=subprocess.PIPE, text=True)
+    wrong_role = net.popen("stranger", [sys.executable, "-c", probe, addresses[1], *env_cert], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    _, plain_err = plain.communicate(timeout=120)
+    assert plain.returncode == 1, plain_err
+    [line] = [x for x in plain_err.splitlines() if x.startswith("strata envs health:")]
+    assert "closes plaintext clients" in line, plain_err
+    wrong_out, _ = wrong_role.communicate(timeout=120)
+    assert wrong_role.returncode == 3, wrong_out
+    assert "is not of a role that may call it (learner)" in wrong_out
 
-    run = net.run("learner", train_args(tmp_path / "run", addresses, certs, total_steps=2048), timeout=300)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert "2,048 env steps" in run.stdout, run.stdout
-    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert run.wait(300) == 0, (tmp_path / "train.err").read_text()[-3000:]
+    assert "1,024 env steps" in (tmp_path / "train.out").read_text()
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert metrics and all(m.get("mode", "decoupled") == "decoupled" for m in metrics)
 
-    for proc, _ in services:
+    for proc, _ in services.values():
         net.kill(proc)
     # the servers' sides: one line each for the refusals they saw
-    assert sum("Handshake failed" in x for x in logs["env1"].read_text().splitlines()) == 1, logs["env1"].read_text()
-    refusals = [x for x in logs["env2"].read_text().splitlines() if "refused /strata.env.v1.EnvService/Spec" in x]
-    assert len(refusals) == 1 and "spiffe://strata/env" in refusals[0], logs["env2"].read_text()
+    env1_log, env2_log = (tmp_path / "env1.err").read_text(), (tmp_path / "env2.err").read_text()
+    assert sum("Handshake failed" in x for x in env1_log.splitlines()) == 1, env1_log
+    refusals = [x for x in env2_log.splitlines() if "refused /strata.env.v1.EnvService/Spec" in x]
+    assert len(refusals) == 1 and "spiffe://strata/env" in refusals[0], env2_log
     print(f"multi-host decoupled run over mTLS: {time.monotonic() - started:.1f} s")
 
 
@@ -132,7 +149,7 @@ def test_the_run_fails_over_when_a_hosts_services_die(how: str, hosts: MakeHosts
     """Three env hosts, two in use and one spare; one host's service is killed (or its link cut) mid-run."""
     net = hosts("learner", "env1", "env2", "env3")
     certs = certs_for(net, tmp_path / "certs", learner=["learner"], env=["env1", "env2", "env3"])
-    services = {h: serve_envs(net, h, certs, tmp_path / f"{h}.err") for h in ("env1", "env2", "env3")}
+    services = serve_envs(net, ["env1", "env2", "env3"], certs, tmp_path)
     run_dir = tmp_path / "run"
     args = train_args(run_dir, [services[h][1] for h in ("env1", "env2", "env3")], certs, total_steps=16_384)
     with (tmp_path / "train.out").open("w") as out, (tmp_path / "train.err").open("w") as err:
