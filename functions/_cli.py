@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _register_certs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`strata certs`: a run CA, a per-run token and one certificate per service-plane role."""
-    from functions._secure import ROLES
+    from functions._secure import CERT_ROLES
 
     certs = sub.add_parser(
         "certs", help="make a run CA, a per-run token and per-role TLS certificates for the service plane",
@@ -27,8 +27,8 @@ def _register_certs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "overwritten.")
     certs.add_argument("--out", required=True, metavar="DIR", help="folder of the run's certificates (created)")
     certs.add_argument("--role", action="append", required=True, metavar="ROLE=HOST[,HOST...]",
-                       help=f"a role ({', '.join(ROLES)}) and the IP addresses or DNS names its services are "
-                       "reached at (repeatable)")
+                       help=f"a role ({', '.join(CERT_ROLES)}) and the IP addresses or DNS names its services are "
+                       "reached at (repeatable); broker: a Mosquitto TLS listener, which may call no strata service")
     certs.add_argument("--run", default="run", metavar="NAME",
                        help="run name written into the CA (default: %(default)s)")
     certs.add_argument("--days", type=int, default=90, metavar="N",
@@ -39,13 +39,13 @@ def _register_certs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _certs(args: argparse.Namespace) -> int:
     from device import ConfigError, shown
     from device._pki import issue_run_certificates
-    from functions._secure import ROLES
+    from functions._secure import CERT_ROLES
 
     roles: dict[str, list[str]] = {}
     for entry in args.role:
         role, sep, hosts = entry.partition("=")
-        if role not in ROLES:
-            raise ConfigError(f"--role {shown(entry)}: the role must be one of {', '.join(ROLES)} "
+        if role not in CERT_ROLES:
+            raise ConfigError(f"--role {shown(entry)}: the role must be one of {', '.join(CERT_ROLES)} "
                               "(e.g. --role env=10.0.0.5)")
         if role in roles:
             raise ConfigError(f"--role {role} is given twice; list all its hosts in one --role")

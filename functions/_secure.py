@@ -48,6 +48,10 @@ HEALTH_SERVICE = "grpc.health.v1.Health"
 ROLES = ("learner", "env")
 """Certificate roles of the service plane: the learner (every hybrid unit too) and env hosts."""
 
+CERT_ROLES = (*ROLES, "broker")
+"""Roles `strata certs` issues: the service plane's, and ``broker`` (a Mosquitto TLS listener's certificate under
+the run CA; `ACCESS` grants it no gRPC call)."""
+
 ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     "strata.env.v1.EnvService": {"*": ("learner",)},
     "strata.params.v1.ParameterServer": {"Push": ("learner",), "Pull": ("learner", "env"),

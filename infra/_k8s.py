@@ -173,7 +173,10 @@ class Names:
         units = self.name("unit")
         learner_hosts = [self.fqdn(self.name("learner")), self.fqdn(units),
                          *(f"{units}-{i}.{self.fqdn(units)}" for i in range(self.config.units))]
-        return {"learner": learner_hosts, "env": [self.fqdn(self.name("env-service"))]}
+        hosts = {"learner": learner_hosts, "env": [self.fqdn(self.name("env-service"))]}
+        if self.config.broker:
+            hosts["broker"] = [self.fqdn(self.name("broker"))]
+        return hosts
 
 
 # -- building blocks ---------------------------------------------------------------------------------------------------
@@ -500,11 +503,8 @@ def cert_manager(n: Names) -> list[Obj]:
     run = n.config.run
     issuer = {"apiVersion": "cert-manager.io/v1", "kind": "Issuer", "metadata": _meta(n, f"{run}-run-ca"),
               "spec": {"ca": {"secretName": f"{run}-run-ca"}}}
-    hosts = n.hosts()
-    if n.config.broker:
-        hosts["broker"] = [n.fqdn(n.name("broker"))]
     certs = []
-    for role, dns in hosts.items():
+    for role, dns in n.hosts().items():
         spec = {"secretName": n.tls_secret(role), "duration": "2160h", "renewBefore": "360h",
                 "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"},
                 "usages": ["server auth", "client auth", "digital signature"], "dnsNames": dns,

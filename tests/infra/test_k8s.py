@@ -244,3 +244,21 @@ def test_render_refuses_a_folder_with_files_and_bad_values(tmp_path: Path) -> No
         [line] = bad.stderr.strip().splitlines()
         assert expected in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k8s"]  # nothing left behind
+
+
+def test_the_printed_certs_line_makes_every_secret_the_manifests_mount(tmp_path: Path) -> None:
+    """Run what `render` prints: `strata certs` must write a folder for each ROLE of the kubectl lines."""
+    out = run_strata("infra", "k8s", "render", "--out", str(tmp_path / "k8s"), "--broker")
+    assert out.returncode == 0, out.stderr
+    [line] = [x for x in out.stdout.splitlines() if "TLS material" in x]
+    certs = shlex.split(line.split("`")[1])
+    assert certs[:2] == ["strata", "certs"]
+    made = run_strata(*certs[1:], cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    roles = line.split("for each ROLE in ", 1)[1].split(":", 1)[0].split()
+    mounted = {v["secret"]["secretName"] for o in base_objects(K8sConfig(broker=True))
+               if o["kind"] in ("Deployment", "StatefulSet") for v in o["spec"]["template"]["spec"]["volumes"]
+               if "secret" in v and v["secret"]["secretName"].endswith("-tls")}
+    assert {Names(K8sConfig()).tls_secret(r) for r in roles} == mounted
+    for role in roles:
+        assert sorted(p.name for p in (tmp_path / "certs" / role).iterdir()) == ["ca.crt", "tls.crt", "tls.key"]
