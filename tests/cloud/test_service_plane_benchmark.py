@@ -24,4 +24,5 @@ def test_service_plane_tls_quick() -> None:
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
     usual = figures["usual"]
     assert usual["plaintext_fragments_per_s"] > 0 and usual["mtls_fragments_per_s"] > 0
+    assert usual["plaintext_cpu_us_per_env_step"] > 0 and usual["mtls_cpu_us_per_env_step"] > 0
     assert "goal_mtls_cost_le_10pct" in figures
