@@ -46,7 +46,7 @@ from device._mqtt_access import (
     mqtt_client_id,
     mqtt_topic,
 )
-from device._names import identifier, inside, is_identifier, shown
+from device._names import host, identifier, inside, is_host, is_identifier, shown
 from device._quantize import quantization_error, quantize_model, smallest_storage
 from device._rollout import RolloutBatch
 from device._wire import WireError, pack_arrays, unpack_arrays
@@ -103,8 +103,10 @@ __all__ = [
     "finite_float",
     "fsync_dir",
     "generate_keypair",
+    "host",
     "identifier",
     "inside",
+    "is_host",
     "is_identifier",
     "load_public_key",
     "load_signing_key",
