@@ -8,7 +8,7 @@ what it started first, so no namespace is kept alive by a leftover process.
 
 Needs root, iproute2 and a kernel with network namespaces, veth and bridge; `unavailable()` says which is missing
 (tests skip with that reason). Namespaces of a process that died without closing (kill -9 of the test run) are
-removed by the next `Hosts` (their names carry the creating pid).
+removed by the next `Hosts` (their names carry the creating pid), and the processes left running in them killed.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def _close_pipes(proc: subprocess.Popen[Any]) -> None:
 
 
 def remove_stale() -> list[str]:
-    """Delete namespaces left by dead processes (names carry the creating pid); return their names."""
+    """Delete namespaces left by dead processes (names carry the creating pid), killing what still runs in them
+    first; return their names."""
     listing = _ip("netns", "list", check=False).stdout.split("\n")
     removed = []
     for line in listing:
@@ -70,6 +71,9 @@ def remove_stale() -> list[str]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(int(match.group(1)), 0)
             continue  # its owner is alive
+        for pid in _ip("netns", "pids", name, check=False).stdout.split():  # what the dead owner left running
+            with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
         _ip("netns", "del", name, check=False)
         removed.append(name)
     return removed
