@@ -21,6 +21,7 @@ import signal
 import subprocess
 import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 PREFIX = "strata-t"
@@ -75,6 +76,7 @@ def remove_stale() -> list[str]:
             with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
                 os.kill(int(pid), signal.SIGKILL)
         _ip("netns", "del", name, check=False)
+        shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
         removed.append(name)
     return removed
 
@@ -89,6 +91,7 @@ class Hosts:
         self._tag = f"{PREFIX}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._made: list[str] = []
         self._procs: list[subprocess.Popen[Any]] = []
+        self._etc: list[Path] = []
 
     def ns(self, host: str) -> str:
         """The namespace of `host`."""
@@ -150,6 +153,16 @@ class Hosts:
         return subprocess.run(self.command(host, argv), capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, **(env or {})})
 
+    def hosts_file(self, host: str, names: Mapping[str, Sequence[str]]) -> None:
+        """Give `host` this machine's /etc/hosts plus each DNS name resolving to the listed hosts' addresses (all of
+        them, as a headless Service's name does). ``ip netns exec`` mounts ``/etc/netns/NS/hosts`` over /etc/hosts
+        for the programs it starts; `close()` removes that folder."""
+        folder = Path("/etc/netns") / self.ns(host)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._etc.append(folder)
+        ours = [f"{self.address(h)} {name}" for name, hs in names.items() for h in hs]
+        (folder / "hosts").write_text(Path("/etc/hosts").read_text().rstrip("\n") + "\n" + "\n".join(ours) + "\n")
+
     def cut(self, host: str) -> None:
         """Take `host`'s link down: its services stay up but nothing reaches them (a partitioned host)."""
         _ip("-n", self.ns(host), "link", "set", "eth0", "down")
@@ -166,6 +179,11 @@ class Hosts:
         for ns in reversed(self._made):
             _ip("netns", "del", ns, check=False)
         self._made.clear()
+        for folder in self._etc:
+            shutil.rmtree(folder, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                folder.parent.rmdir()  # /etc/netns, once no namespace has files there
+        self._etc.clear()
 
     def __enter__(self) -> Hosts:
         return self.start()

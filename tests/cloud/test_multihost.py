@@ -9,7 +9,9 @@ certificates (`strata certs`).
 from __future__ import annotations
 
 import json
+import os
 import select
+import shlex
 import subprocess
 import sys
 import time
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests._cli import STRATA
 from tests._netns import Hosts, unavailable
@@ -201,3 +204,56 @@ def test_torchrun_with_two_nodes_in_two_namespaces(hosts: MakeHosts, tmp_path: P
     summary = (tmp_path / "node0.out").read_text() + (tmp_path / "node1.out").read_text()
     assert "2 hybrid units" in summary, summary[-3000:]
     assert f"parameter server {net.address('node0')}:" in summary, summary[-3000:]
+
+
+@pytest.mark.slow
+def test_the_rendered_pods_commands_train_across_hosts(hosts: MakeHosts, tmp_path: Path) -> None:
+    """What `strata infra k8s render` puts in the learner's and env services' pods, run on separate hosts.
+
+    The commands are the rendered ones (resume wrapper, 0.0.0.0 binds, TLS flags, health ports), with the mount
+    paths moved into this test's folder; the learner finds the env services through the headless Service's DNS
+    name, which resolves (in its namespace's /etc/hosts) to both env hosts, as cluster DNS would.
+    """
+    from infra._k8s import K8sConfig, Names, certs_command, render
+
+    config = K8sConfig(total_steps=1024, env_replicas=2, envs_per_service=4, learner_workers=1)
+    names = Names(config)
+    objs = [o for path, text in render(config).items() if path.startswith("base/") for o in yaml.safe_load_all(text)]
+    pods = {o["metadata"]["name"]: o["spec"]["template"]["spec"]["containers"][0]["command"] for o in objs
+            if o["kind"] == "Deployment"}
+    path_env = {"PATH": f"{Path(STRATA).parent}:{os.environ['PATH']}"}
+    made = subprocess.run(shlex.split(certs_command(config, out=str(tmp_path / "certs"))), capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **path_env})
+    assert made.returncode == 0, made.stderr
+
+    def mounted(command: list[str], role: str) -> list[str]:
+        moves = {names.tls_dir: str(tmp_path / "certs" / role), names.token_dir: str(tmp_path / "certs"),
+                 names.run_dir: str(tmp_path / "run")}
+        out = []
+        for arg in command:
+            for old, new in moves.items():
+                arg = arg.replace(old, new)
+            out.append(arg)
+        return out
+
+    net = hosts("learner", "env1", "env2", "kubelet")
+    envs = {}
+    for host in ("env1", "env2"):
+        with (tmp_path / f"{host}.err").open("w") as err:
+            envs[host] = net.popen(host, mounted(pods[names.name("env-service")], "env"), env=path_env,
+                                   stdout=subprocess.PIPE, stderr=err, text=True)
+    for host, proc in envs.items():
+        line = read_line(proc, f"env service on {host}")
+        assert f"over mutual TLS on 0.0.0.0:{names.env_port}" in line, line
+    # the kubelet's probe: plaintext, on the health-only port
+    probe = net.run("kubelet", [STRATA, "envs", "health", f"{net.address('env1')}:{names.env_health_port}",
+                                "--timeout", "20", "--insecure-plaintext-off-loopback"])
+    assert probe.returncode == 0 and "SERVING" in probe.stdout, probe.stderr
+
+    net.hosts_file("learner", {names.fqdn(names.name("env-service")): ["env1", "env2"]})
+    learner = net.run("learner", mounted(pods[names.name("learner")], "learner"), env=path_env, timeout=240)
+    assert learner.returncode == 0, learner.stdout[-2000:] + learner.stderr[-3000:]
+    assert "1,024 env steps" in learner.stdout and "mode decoupled" in learner.stdout, learner.stdout
+    for host in ("env1", "env2"):
+        net.kill(envs[host])
+        assert "refused" not in (tmp_path / f"{host}.err").read_text()
