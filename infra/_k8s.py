@@ -30,9 +30,11 @@ TLS material comes from Secrets in the ``kubernetes.io/tls`` layout (``tls.crt``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -568,6 +570,7 @@ def write_manifests(config: K8sConfig, out: Path) -> list[Path]:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"strata infra k8s render: --out {shown(str(out))} exists and is not an empty folder; "
                           "pass a new folder")
+    missing = [p for p in (out, *out.parents) if not p.exists()]  # folders this call makes, deepest first
     written: list[Path] = []
     try:
         for rel, text in render(config).items():
@@ -576,6 +579,13 @@ def write_manifests(config: K8sConfig, out: Path) -> list[Path]:
             path.write_text(text, encoding="utf-8")
             written.append(path)
     except OSError as exc:
+        # nothing left behind: `out` was new or empty, so all of it is this call's
+        if out.is_dir():
+            for child in out.iterdir():
+                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+        for folder in missing:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         raise ConfigError(f"strata infra k8s render: cannot write into {shown(str(out))}: {exc.strerror or exc}; "
                           "pass a writable --out folder") from None
     return written

@@ -262,3 +262,18 @@ def test_the_printed_certs_line_makes_every_secret_the_manifests_mount(tmp_path:
     assert {Names(K8sConfig()).tls_secret(r) for r in roles} == mounted
     for role in roles:
         assert sorted(p.name for p in (tmp_path / "certs" / role).iterdir()) == ["ca.crt", "tls.crt", "tls.key"]
+
+
+def test_a_write_that_fails_half_way_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import infra._k8s as k8s
+
+    # the second file cannot be written (its folder would be the first file): the first one must go too
+    monkeypatch.setattr(k8s, "render", lambda config: {"base/a.yaml": "a: 1\n", "base/a.yaml/b.yaml": "b: 2\n"})
+    out = tmp_path / "new" / "k8s"
+    with pytest.raises(k8s.ConfigError, match="cannot write into"):
+        k8s.write_manifests(K8sConfig(), out)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(k8s.ConfigError, match="cannot write into"):
+        k8s.write_manifests(K8sConfig(), tmp_path / "empty")
+    assert [p.name for p in tmp_path.iterdir()] == ["empty"] and list((tmp_path / "empty").iterdir()) == []
