@@ -582,7 +582,10 @@ def write_manifests(config: K8sConfig, out: Path) -> list[Path]:
         # nothing left behind: `out` was new or empty, so all of it is this call's
         if out.is_dir():
             for child in out.iterdir():
-                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+                if child.is_dir():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
         for folder in missing:
             with contextlib.suppress(OSError):
                 folder.rmdir()
