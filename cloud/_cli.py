@@ -44,6 +44,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         Seconds,
         Switch,
     )
+    from functions._envservice import TLS_GROUP_TITLE
+    from functions._secure import ServiceTLS
 
     demo = sub.add_parser(
         "demo",
@@ -102,7 +104,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                          skip={f.name for f in dataclasses.fields(PPOConfig)})
     add_config_arguments(train.add_argument_group(
         "execution modes and live switching (SwitchingConfig): e.g. --modes colocated decoupled functions"),
-        SwitchingConfig)
+        SwitchingConfig, skip={"tls"})
+    add_config_arguments(train.add_argument_group(
+        TLS_GROUP_TITLE + ": for --env-services off this host and the hybrid units' parameter server"), ServiceTLS)
     add_config_arguments(train.add_argument_group(
         "the edge mode (EdgeSourceConfig, --modes ... edge): the fleet's experience over MQTT trains the policy; "
         "edge agents run with --experience-steps N and --trust RUN_DIR/keys/strata-signing.pub"), EdgeSourceConfig)
@@ -250,12 +254,15 @@ def _check_ppo(args: argparse.Namespace) -> TrainPlan:
     from cloud.runs._checkpoint import latest_checkpoint, reading, resumed_config
     from cloud.runs._run import open_run
     from cloud.runs._train import TargetCheck
-    from cloud.switching._modes import SwitchingConfig, check_modes
+    from cloud.switching._modes import check_modes, switching_from_args
     from cloud.switching._switcher import SwitchRules
-    from device import config_from_args
+    from device import ConfigError, config_from_args
 
+    switching = switching_from_args(args)
+    if (switching.tls.enabled or switching.tls.tls_token_file) and not switching.env_services:
+        raise ConfigError("train: --tls-* secure connections to --env-services (and the hybrid units' parameter "
+                          "server); this run has neither: add --env-services HOST:PORT,... or drop them")
     config = PPOConfig.from_flags(args, base=resumed_config(PPOConfig, args.run_dir) if args.resume else None)
-    switching = config_from_args(SwitchingConfig, args)
     rules = config_from_args(SwitchRules, args)
     spec = _spec(args, "ppo")
     TargetCheck(args.target_return, args.confirm_episodes)
@@ -355,11 +362,13 @@ def _refuse_flags_of_the_other_algo(args: argparse.Namespace) -> None:
     from cloud.switching._modes import SwitchingConfig
     from cloud.switching._switcher import SwitchRules
     from device import ConfigError
+    from functions._secure import ServiceTLS
 
     ppo = {f.name for f in dataclasses.fields(PPOConfig)}
     sac = {f.name for f in dataclasses.fields(SACConfig)}
     if args.algo == "sac":
         unused = (ppo - sac) | {f.name for f in dataclasses.fields(SwitchingConfig) if f.name != "control"}
+        unused |= {f.name for f in dataclasses.fields(ServiceTLS)}
         unused |= {f.name for f in dataclasses.fields(SwitchRules)} | {"target_return", "confirm_episodes"}
         why = ("SAC runs in one mode (--env-mode) without live switching or an early stop; drop them or use "
                "--algo ppo")

@@ -49,6 +49,9 @@ class HybridConfig:
     """Address rank 0's parameter server listens on (every version is pushed to it)."""
     param_server_port: int = declared(Port(), 0)
     """Port of rank 0's parameter server (0: a free one, written to RUN_DIR/paramserver.json)."""
+    param_server_health_port: int | None = declared(Port(), None)
+    """Also answer grpc.health.v1 in plaintext on this port of rank 0 (nothing else), for probes that speak no TLS
+    (Kubernetes' gRPC probes). None: no such port."""
 
     def __post_init__(self) -> None:
         check_fields(self)

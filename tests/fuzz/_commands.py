@@ -49,6 +49,9 @@ BASELINES: dict[str, list[str]] = {
     "infra destroy": ["--stage", "dev", "--region", "us-east-1", "--dry-run"],
     "infra rollback": ["--stage", "dev", "--region", "us-east-1", "--yes"],
     "infra template": ["--out", "{out-file}"],
+    "infra k8s render": ["--out", "{out-dir}"],
+    "envs health": ["127.0.0.1:9", "--timeout", "0.5"],
+    "certs": ["--out", "{out-dir}", "--role", "env=127.0.0.1"],
 }
 
 
