@@ -152,10 +152,14 @@ def test_half_a_tls_trio_is_refused() -> None:
 
 
 def test_environment_file_and_flags_layer_the_one_option_set(tmp_path: Path) -> None:
-    env = {"STRATA_TLS_CA": "/env/ca.crt", "STRATA_TLS_CERT": "/env/tls.crt", "STRATA_TLS_KEY": "/env/tls.key",
+    for name in ("env/ca.crt", "env/tls.crt", "env/tls.key", "flag/tls.crt", "ca.crt"):  # each layer's files exist
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("pem\n")
+    env = {"STRATA_TLS_CA": f"{tmp_path}/env/ca.crt", "STRATA_TLS_CERT": f"{tmp_path}/env/tls.crt",
+           "STRATA_TLS_KEY": f"{tmp_path}/env/tls.key",
            "STRATA_PARENT_PID": "1"}  # other STRATA_ variables are not this layout's business
-    assert service_tls_from({}, env).tls_cert == "/env/tls.crt"
-    assert service_tls_from({"tls_cert": "/flag/tls.crt"}, env).tls_cert == "/flag/tls.crt"
+    assert service_tls_from({}, env).tls_cert == f"{tmp_path}/env/tls.crt"
+    assert service_tls_from({"tls_cert": f"{tmp_path}/flag/tls.crt"}, env).tls_cert == f"{tmp_path}/flag/tls.crt"
     conf = tmp_path / "plane.toml"
     conf.write_text('[tls]\ntls_ca = "ca.crt"\ntls_cert = "env/tls.crt"\ntls_key = "env/tls.key"\n'
                     "insecure_plaintext_off_loopback = false\n")
@@ -339,5 +343,5 @@ def test_the_run_token_file_is_checked_before_work(tmp_path: Path) -> None:
                         str(tmp_path / "missing"))
     assert result.returncode == 2
     [line] = result.stderr.strip().splitlines()
-    assert "--tls-token-file" in line and "is not a small file" in line
+    assert "--tls-token-file" in line and "does not exist" in line
     assert os.listdir(tmp_path) == []
