@@ -82,7 +82,7 @@ def test_publish_fleet_and_broker_config_refuse_bad_arguments(tmp_path: Path) ->
     _one_clean_line(run_strata("broker", "config", "--out", str(tmp_path / "bc"), "--fleet", "f", "--nodes", "a",
                                "--port", "70000"), "--port '70000': must be a TCP port from 1 to 65535")
     _one_clean_line(run_strata("broker", "config", "--out", str(tmp_path / "bc"), "--fleet", "f", "--nodes",
-                               "a,cloud"), "'cloud' named twice across --cloud-user, --nodes and --devices")
+                               "a,cloud"), "'cloud' named twice across --cloud-user, --nodes, --devices and --learner")
     assert not (tmp_path / "bc").exists()
 
 

@@ -44,7 +44,7 @@ def test_functions_serve_answers_boto3_and_stops_on_sigterm() -> None:
 def test_functions_serve_refuses_a_bad_function_option() -> None:
     result = run_strata("functions", "serve", "--port", "0", "--function", "broken")
     assert result.returncode == 2
-    assert "error: --function 'broken': expected NAME=module.handler" in result.stderr
+    assert "error: --function 'broken': must be NAME=module.handler" in result.stderr
 
 
 def test_functions_serve_injects_throttles_from_flags() -> None:

@@ -47,7 +47,7 @@ def test_plan_apply_apply_rollback_destroy(aws_env: MotoServer, tmp_path: Path, 
     assert lam.get_alias(FunctionName="strata-smoke-rollout", Name="smoke")["FunctionVersion"] == "1"
     r = run_strata("infra", "destroy", "--stage", "smoke", "--state-dir", str(state))  # stdin is not a terminal
     assert r.returncode == 2
-    assert "strata infra: error: destroy --stage smoke: needs confirmation; pass --yes" in r.stderr
+    assert "strata infra destroy: error: destroy --stage smoke: needs confirmation; pass --yes" in r.stderr
     r = run_strata("infra", "destroy", "--stage", "smoke", "--state-dir", str(state), "--yes")
     assert r.returncode == 0, r.stderr
     assert "destroy: deleted 11 resource(s)" in r.stdout
@@ -57,7 +57,8 @@ def test_plan_apply_apply_rollback_destroy(aws_env: MotoServer, tmp_path: Path, 
 def test_a_bad_setting_is_one_clean_error_line(aws_env: MotoServer, tmp_path: Path) -> None:
     r = run_strata("infra", "plan", "--stage", "smoke", "--state-dir", str(tmp_path), "--timeout-s", "1200")
     assert r.returncode == 2
-    assert re.search(r"^strata infra: error: DeployConfig.timeout_s=1200 is outside Lambda's range", r.stderr, re.M)
+    assert re.search(r"^strata infra plan: error: --timeout-s '1200': must be a whole number of seconds from 1 to 900",
+                     r.stderr, re.M)
     assert "Traceback" not in r.stderr
 
 
@@ -69,7 +70,7 @@ def test_missing_credentials_are_one_clean_error_line(tmp_path: Path) -> None:
                 "AWS_DEFAULT_REGION": "us-east-1"}
     r = run_strata("infra", "plan", "--stage", "smoke", "--state-dir", str(tmp_path), env=isolated)
     assert r.returncode == 2
-    assert "strata infra: error: plan: Unable to locate credentials; configure the standard AWS chain" in r.stderr
+    assert "strata infra plan: error: plan: Unable to locate credentials; configure the standard AWS chain" in r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -139,7 +140,7 @@ def test_functions_serve_from_a_dead_endpoint_is_one_error_line(tmp_path: Path) 
     r = run_strata("functions", "serve", "--from-endpoint", url, "--stage", "dev", "--port", "0", env=env)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
-    assert r.stderr.startswith(f"strata functions: error: stage dev: strata-dev-ping: cannot read the deployment "
+    assert r.stderr.startswith(f"strata functions serve: error: stage dev: strata-dev-ping: cannot read the deployment "
                                f"from {url}")
     assert "check --from-endpoint and that the endpoint is running" in r.stderr
     assert not any(p.name.startswith("strata-deployed-") for p in tmp_path.iterdir())

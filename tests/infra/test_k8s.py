@@ -204,7 +204,7 @@ def test_cert_manager_and_the_pytorchjob_overlay_match_the_base(which: str) -> N
 
 
 @pytest.mark.parametrize("which", CONFIGS)
-def test_every_rendered_strata_command_parses_with_strata_s_own_cli(which: str) -> None:
+def test_every_rendered_strata_command_parses_with_strata_s_own_cli(which: str, tmp_path: Path) -> None:
     config = CONFIGS[which]
     parser = build_parser()
     seen = 0
@@ -215,7 +215,16 @@ def test_every_rendered_strata_command_parses_with_strata_s_own_cli(which: str) 
             argv = command_of(c)
             if argv[0] != "strata":
                 continue
-            parser.parse_args(argv[1:])  # exits 2 (SystemExit) on a flag strata does not have
+            # The pod's mounted files (TLS Secrets, the token) exist in the pod; the parser checks that they do.
+            mounted = []
+            for word in argv[1:]:
+                if word.startswith("/etc/strata/"):
+                    local = tmp_path / word.lstrip("/")
+                    local.parent.mkdir(parents=True, exist_ok=True)
+                    local.write_text("pem\n")
+                    word = str(local)
+                mounted.append(word)
+            parser.parse_args(mounted)  # exits 2 (SystemExit) on a flag strata does not have
             seen += 1
     assert seen == 3
 
