@@ -18,7 +18,11 @@ Arrays (``*S`` = observation shape, ``*A`` = action shape):
     seq            [T, N]       int64 per-stream sequence numbers
     logprobs, values [T, N]     float32, present where the algorithm needs them (PPO)
 
-Batches travel as raw buffers through `device._wire`; nothing is pickled.
+Batches travel as raw buffers through `device._wire`; nothing is pickled. Image observations (uint8, two or
+more axes per observation) can travel through an observation codec (`device._obs_codec`): ``obs``, ``final_obs``
+and ``next_obs`` then share one frame table (each distinct frame encoded once), and the header records the codec
+and its quality (``"obs_codec": "webp:90"``; ``"raw"`` when the arrays travel as they are). `from_bytes`
+decodes the table, so a learner always gets plain arrays.
 """
 
 from __future__ import annotations
@@ -29,11 +33,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from device._obs_codec import ObsCodec, decode_frames, encode_frames, is_image
 from device._wire import WireError, pack_arrays, unpack_arrays
 
 _REQUIRED = ("obs", "actions", "rewards", "terminations", "truncations", "final_obs", "next_obs",
              "policy_version", "worker", "seq")
 _OPTIONAL = ("logprobs", "values")
+_FRAMED = ("obs", "final_obs", "next_obs")
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,6 +59,8 @@ class RolloutBatch:
     seq: np.ndarray
     logprobs: np.ndarray | None = None
     values: np.ndarray | None = None
+    obs_codec: str = "raw"
+    """The observation codec the batch travelled with (``webp:90``; ``raw``: none); set by `from_bytes`."""
 
     def __post_init__(self) -> None:
         if self.rewards.ndim != 2:
@@ -91,11 +99,26 @@ class RolloutBatch:
         for w, s in zip(workers.ravel().tolist(), self.seq.ravel().tolist(), strict=True):
             yield (self.source, w, s)
 
-    def to_bytes(self) -> bytes:
-        """Encode as a raw-buffer message (`device._wire`)."""
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        """The shape of one observation."""
+        return tuple(self.obs.shape[2:])
+
+    def to_bytes(self, codec: ObsCodec | None = None) -> bytes:
+        """Encode as a raw-buffer message (`device._wire`); image observations through `codec` when it is not raw.
+
+        A codec is used only where it applies (uint8 observations with two or more axes); the header records the
+        one that was, so the receiver needs no configuration.
+        """
         arrays = {name: getattr(self, name) for name in _REQUIRED}
         arrays.update({name: getattr(self, name) for name in _OPTIONAL if getattr(self, name) is not None})
-        return pack_arrays({"kind": "rollout_batch", "source": self.source}, arrays)
+        meta: dict[str, object] = {"kind": "rollout_batch", "source": self.source, "obs_codec": "raw"}
+        if codec is not None and not codec.is_raw and is_image(self.obs_shape, self.obs.dtype):
+            frames_meta, frame_arrays = encode_frames({n: arrays.pop(n) for n in _FRAMED}, codec,
+                                                      obs_shape=self.obs_shape)
+            meta.update(obs_codec=codec.spec, frames=frames_meta)
+            arrays.update(frame_arrays)
+        return pack_arrays(meta, arrays)
 
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview) -> RolloutBatch:
@@ -103,11 +126,17 @@ class RolloutBatch:
         meta, arrays = unpack_arrays(data)
         if meta.get("kind") != "rollout_batch" or not isinstance(meta.get("source"), str):
             raise WireError(f"RolloutBatch.from_bytes: message kind {meta.get('kind')!r} is not 'rollout_batch'")
+        if "frames" in meta:
+            frames = meta["frames"]
+            if not isinstance(frames, dict) or sorted(frames.get("arrays") or ()) != sorted(_FRAMED):
+                raise WireError("RolloutBatch.from_bytes: the frame table must hold obs, final_obs and next_obs")
+            arrays.update(decode_frames(frames, arrays))
         missing = [n for n in _REQUIRED if n not in arrays]
         if missing:
             raise WireError(f"RolloutBatch.from_bytes: missing arrays {missing}")
         try:
-            return cls(source=meta["source"], **{n: arrays[n] for n in (*_REQUIRED, *_OPTIONAL) if n in arrays})
+            return cls(source=meta["source"], obs_codec=str(meta.get("obs_codec", "raw")),
+                       **{n: arrays[n] for n in (*_REQUIRED, *_OPTIONAL) if n in arrays})
         except ValueError as exc:
             raise WireError(f"RolloutBatch.from_bytes: {exc}") from exc
 
@@ -118,7 +147,7 @@ class RolloutBatch:
             raise ValueError("RolloutBatch.concat_envs: need at least one batch")
         fields: dict[str, np.ndarray | None] = {}
         for f in dataclasses.fields(RolloutBatch):
-            if f.name == "source":
+            if f.name in ("source", "obs_codec"):
                 continue
             parts = [getattr(b, f.name) for b in batches]
             if any(p is None for p in parts):
@@ -126,4 +155,5 @@ class RolloutBatch:
                 continue
             axis = 0 if f.name in ("worker", "next_obs") else 1
             fields[f.name] = np.concatenate(parts, axis=axis)
-        return RolloutBatch(source=source or batches[0].source, **fields)  # type: ignore[arg-type]
+        return RolloutBatch(source=source or batches[0].source, obs_codec=batches[0].obs_codec,
+                            **fields)  # type: ignore[arg-type]
