@@ -139,11 +139,8 @@ def available_codecs() -> tuple[str, ...]:
             _pil(name)
         except MissingDependencyError:
             continue
-        if name == "webp":
-            from PIL import features
-
-            if not features.check("webp"):
-                continue
+        if name == "webp" and not _import("PIL.features", "pillow", "images").check("webp"):
+            continue
         out.append(name)
     return tuple(out)
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from device._deps import require
 from device._errors import ConfigError
 from device._obs_codec import ObsCodec
 
@@ -72,7 +73,7 @@ class ObsPipeline:
 
 def register_envs() -> None:
     """Register strata's own env ids with gymnasium (idempotent)."""
-    import gymnasium as gym
+    gym = require("gymnasium", extra="edge", purpose="making environments")
 
     if STRATA_ENVS[0] not in gym.registry:
         gym.register(STRATA_ENVS[0], entry_point="device._obs_wrappers:pixel_cartpole", max_episode_steps=500)
@@ -80,7 +81,7 @@ def register_envs() -> None:
 
 def make_env(env_id: str, pipeline: ObsPipeline | None = None, **kwargs: Any) -> Any:
     """``gymnasium.make(env_id, **kwargs)`` wrapped by `pipeline` (see the module docstring)."""
-    import gymnasium as gym
+    gym = require("gymnasium", extra="edge", purpose="making environments")
 
     register_envs()
     env = gym.make(env_id, **kwargs)

@@ -8,20 +8,24 @@ from __future__ import annotations
 
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
-from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
+from device._deps import require
 from device._obs_codec import ObsCodec, frame_codec
+
+# The device tier lists no third-party packages but numpy, cryptography and paho; gymnasium comes in through
+# `require` (the `[edge]` and `[functions]` extras install it), and only where envs are made.
+gym: Any = require("gymnasium", extra="edge", purpose="the observation pipeline")
+CartPoleEnv: Any = require("gymnasium.envs.classic_control.cartpole", extra="edge").CartPoleEnv
 
 PIXEL_SIZE = 40
 """Height and width of ``strata/PixelCartPole-v1`` frames (the Nature CNN needs at least 36)."""
 
 
-class CodecRoundTrip(gym.ObservationWrapper[np.ndarray, Any, np.ndarray]):
+class CodecRoundTrip(gym.ObservationWrapper):  # type: ignore[misc]
     """Observations as they come out of a lossy codec: each frame encoded and decoded once."""
 
-    def __init__(self, env: gym.Env[np.ndarray, Any], codec: ObsCodec) -> None:
+    def __init__(self, env: Any, codec: ObsCodec) -> None:
         gym.utils.RecordConstructorArgs.__init__(self, codec=codec.spec)
         super().__init__(env)
         self.codec_spec = codec.spec
@@ -45,10 +49,10 @@ def wrap(env: Any, frame_stack: int, codec: ObsCodec) -> Any:
     return env
 
 
-class PixelCartPole(gym.ObservationWrapper[np.ndarray, int, np.ndarray]):
+class PixelCartPole(gym.ObservationWrapper):  # type: ignore[misc]
     """CartPole through a small RGB camera: the cart, the pole and the track drawn with numpy (no pygame)."""
 
-    def __init__(self, env: gym.Env[np.ndarray, int], size: int = PIXEL_SIZE) -> None:
+    def __init__(self, env: Any, size: int = PIXEL_SIZE) -> None:
         super().__init__(env)
         self.size = size
         self.observation_space = gym.spaces.Box(0, 255, (size, size, 3), np.uint8)
@@ -75,6 +79,6 @@ class PixelCartPole(gym.ObservationWrapper[np.ndarray, int, np.ndarray]):
         return frame
 
 
-def pixel_cartpole(size: int = PIXEL_SIZE, render_mode: str | None = None) -> gym.Env[np.ndarray, int]:
+def pixel_cartpole(size: int = PIXEL_SIZE, render_mode: str | None = None) -> Any:
     """Entry point of ``strata/PixelCartPole-v1``."""
     return PixelCartPole(CartPoleEnv(render_mode=render_mode), size=size)

@@ -8,20 +8,20 @@ same interface: ``run(feeds)``, ``act(obs)`` and ``output_names``.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from device import MissingDependencyError, NumpyExecutor, UnsupportedOperatorError
+from device import MissingDependencyError, NumpyExecutor, UnsupportedOperatorError, require
 
 
 class OnnxRuntimeExecutor:
     """`device.NumpyExecutor`'s interface over one onnxruntime session (one intra-op thread)."""
 
     def __init__(self, model: bytes) -> None:
-        import onnxruntime as ort
-
+        ort = require("onnxruntime", extra="images", purpose="running convolutional policies")
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
@@ -51,9 +51,7 @@ def policy_executor(bundle: Any) -> NumpyExecutor | OnnxRuntimeExecutor:
     try:
         return NumpyExecutor.from_bundle(bundle)
     except UnsupportedOperatorError as refused:
-        try:
-            import onnxruntime  # noqa: F401  (only asks whether it is installed)
-        except ImportError:
+        if importlib.util.find_spec("onnxruntime") is None:
             raise UnsupportedOperatorError(f"{refused}. This host has no onnxruntime to run it instead: "
                                            "pip install 'strata[images]'") from None
         try:
