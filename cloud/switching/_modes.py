@@ -196,7 +196,10 @@ def _fragment_builder(mode: str, *, env_id: str, config: Any, switching: Switchi
             serverless = ServerlessConfig(function_name=switching.function_name, env_id=env_id,
                                           envs_per_invocation=1, steps_per_invocation=steps, seed=seed,
                                           actions="sample", source="functions", max_concurrency=invocations,
-                                          frame_stack=pipeline.frame_stack, obs_codec=pipeline.obs_codec)
+                                          frame_stack=pipeline.frame_stack, obs_codec=pipeline.obs_codec,
+                                          # small CNN bundles travel in the event (Lambda takes 6 MB); larger ones
+                                          # need S3 (result_bucket), which the source says when it refuses one
+                                          inline_bundle_bytes=3 << 20)
             return make_serverless_source(switching.functions, serverless,
                                           environment={"STRATA_TRUSTED_KEYS": publisher.public_key.read_text()})
 
