@@ -123,9 +123,9 @@ def cnn_bundle(work: Path) -> tuple[bytes, Path]:
     """A signed bundle of an untrained CarRacing CNN policy (frame stack STACK) and its public key."""
     import gymnasium as gym
 
+    from cloud.learners._cnn import make_agent
     from cloud.learners._ppo_config import PPOConfig
     from cloud.switching._modes import PolicyPublisher
-    from cloud.learners._cnn import make_agent
     from device import ObsPipeline, make_env, space_to_json
 
     env = make_env(ENV, ObsPipeline(frame_stack=STACK))

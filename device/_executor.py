@@ -955,11 +955,12 @@ class NumpyExecutor:
         if convs:
             weights = sum(int(a.size) for a in model.graph.initializers.values())
             nbytes = sum(int(a.nbytes) for a in model.graph.initializers.values())
+            ops = sorted({n.op_type for n in convs})
             raise UnsupportedOperatorError(
-                f"NumpyExecutor: this is a convolutional policy ({len(convs)} {'/'.join(sorted({n.op_type for n in convs}))} "
-                f"layers, {weights:,} weights, {nbytes / 1e6:.1f} MB), the kind image observations need; the device "
-                f"tier runs small MLP policies in numpy and has no {sorted({n.op_type for n in convs})[0]} operator. "
-                "Run it on the edge tier with onnxruntime (strata export --tier edge)")
+                f"NumpyExecutor: this is a convolutional policy ({len(convs)} {'/'.join(ops)} layers, {weights:,} "
+                f"weights, {nbytes / 1e6:.1f} MB), the kind image observations need; the device tier runs small MLP "
+                f"policies in numpy and has no {ops[0]} operator. Run it on the edge tier with onnxruntime (strata "
+                "export --tier edge)")
         if unsupported:
             raise UnsupportedOperatorError(
                 f"NumpyExecutor: unsupported ONNX operator(s) {unsupported}; the device executor implements "

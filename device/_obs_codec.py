@@ -70,8 +70,9 @@ class ObsCodec:
                 raise ConfigError(f"ObsCodec: quality {self.quality!r:.80} must be an integer in [1, 100] (or left "
                                   "out for lossless)")
             if self.name not in LOSSY_CAPABLE:
-                raise ConfigError(f"ObsCodec: codec {self.name!r} has no quality (it is {'lossless' if self.name == 'png' else 'uncompressed'}); "
-                                  "pass --obs-quality only with webp or jxl")
+                kind = "lossless" if self.name == "png" else "uncompressed"
+                raise ConfigError(f"ObsCodec: codec {self.name!r} has no quality (it is {kind}); pass --obs-quality "
+                                  "only with webp or jxl")
 
     @classmethod
     def parse(cls, spec: str) -> ObsCodec:
@@ -348,7 +349,7 @@ def decode_frames(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> 
         indices[name] = index
     if total > MAX_DECODED_BYTES:
         raise WireError(f"decode_frames: the table expands to {total} bytes, over {MAX_DECODED_BYTES}")
-    view = memoryview(np.ascontiguousarray(data)).cast("B")
+    view = np.ascontiguousarray(data).data  # uint8, one dimension: a byte view, no copy
     starts = ends - sizes.astype(np.int64)
     decoded = [decode_frame(view[int(s):int(e)], shape) for s, e in zip(starts, ends, strict=True)]
     table = np.stack(decoded) if decoded else np.zeros((0, *shape), np.uint8)

@@ -606,7 +606,8 @@ class FrameStackCodec:
         if queue.shape != (want["stack_size"], *frame) or padding.shape != frame or queue.dtype != dtype or \
                 padding.dtype != dtype:
             raise WireError(f"env state of FrameStackObservation: queue {queue.dtype}{list(queue.shape)} and padding "
-                            f"{padding.dtype}{list(padding.shape)} do not fit {want['stack_size']} x {dtype}{list(frame)}")
+                            f"{padding.dtype}{list(padding.shape)} do not fit {want['stack_size']} x "
+                            f"{dtype}{list(frame)}")
 
     def restore(self, layer: Any, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
         """See `EnvStateCodec.restore`."""

@@ -1,4 +1,4 @@
-"""Convolutional networks for image observations: the Nature-CNN encoder, PPO's CNN agent (SAC's pixel networks use the encoder too).
+"""Convolutional networks for image observations: the Nature-CNN encoder and PPO's CNN agent (SAC's use it too).
 
 `PixelEncoder` is the network of Mnih et al. (2015) as SB3's ``NatureCNN`` and CleanRL's Atari PPO use it:
 Conv 32x8x8/4, Conv 64x4x4/2, Conv 64x3x3/1 (ReLU), Linear to 512 (ReLU). It takes observations as the env makes
@@ -29,6 +29,7 @@ FEATURES = 512
 def _init(layer: nn.Module, std: float) -> nn.Module:
     assert isinstance(layer, nn.Conv2d | nn.Linear)
     nn.init.orthogonal_(layer.weight, std)
+    assert layer.bias is not None
     nn.init.constant_(layer.bias, 0.0)
     return layer
 

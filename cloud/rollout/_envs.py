@@ -140,8 +140,9 @@ def check_spaces(env_id: str, observation_space: Any, action_space: Any) -> None
 
 
 def probe_spaces(env_id: str, pipeline: ObsPipeline | None = None) -> tuple[Any, Any]:
-    """Return ``(observation_space, action_space)`` of one `env_id` instance made through `pipeline`, after
-    `check_spaces`.
+    """Return ``(observation_space, action_space)`` of one `env_id` instance made through `pipeline`, checked.
+
+    The spaces pass `check_spaces` first.
 
     Raises:
         ConfigError: `env_id` is not registered, or its spaces are not supported.

@@ -279,8 +279,14 @@ def test_the_exported_cnn_matches_torch_and_the_device_tier_refuses_it(algo: str
     import torch
 
     from cloud.learners._onnx import export_onnx, verify_onnx
-    from device import NumpyExecutor, UnsupportedOperatorError, build_bundle, generate_keypair, load_signing_key
-    from device import space_to_json
+    from device import (
+        NumpyExecutor,
+        UnsupportedOperatorError,
+        build_bundle,
+        generate_keypair,
+        load_signing_key,
+        space_to_json,
+    )
 
     env = make_env(PIXELS, ObsPipeline(frame_stack=2))
     obs_space = space_to_json(env.observation_space)
