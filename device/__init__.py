@@ -46,7 +46,7 @@ from device._mqtt_access import (
     mqtt_client_id,
     mqtt_topic,
 )
-from device._names import identifier, inside, is_identifier, shown
+from device._names import host, identifier, inside, is_host, is_identifier, shown
 from device._obs_codec import ObsCodec, frame_shape, is_image
 from device._obs_codec import available_codecs as available_obs_codecs
 from device._obs_pipeline import ObsPipeline, env_maker, make_env
@@ -111,8 +111,10 @@ __all__ = [
     "frame_shape",
     "fsync_dir",
     "generate_keypair",
+    "host",
     "identifier",
     "inside",
+    "is_host",
     "is_identifier",
     "is_image",
     "load_public_key",

@@ -54,6 +54,7 @@ from device._bundle_errors import (
     WrongTierError,
 )
 from device._keys import SigningKey, TrustStore
+from device._names import IDENTIFIER_FORM, is_identifier, shown
 
 MAGIC = b"STRB"
 FORMAT_VERSION = 1
@@ -68,7 +69,6 @@ _HEAD = struct.Struct("<4sBB16sH")
 _U32 = struct.Struct("<I")
 _HEX16 = re.compile(r"[0-9a-f]{16}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_POLICY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 _BOX_DTYPES = frozenset({"float16", "float32", "float64", "int8", "int16", "int32", "int64",
                          "uint8", "uint16", "uint32", "uint64", "bool"})
 
@@ -212,8 +212,9 @@ class Manifest:
     """Names of the graph's outputs, ``"action"`` first."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.policy, str) or not _POLICY.fullmatch(self.policy):
-            raise _fail(f"policy must match {_POLICY.pattern} (a plain name like 'cartpole'), got {self.policy!r}")
+        if not is_identifier(self.policy):  # a topic segment and a file name: the one identifier rule
+            raise _fail(f"policy must match the identifier rule, {IDENTIFIER_FORM} (a plain name like "
+                        f"'cartpole'); got {shown(self.policy)}")
         if not _is_int(self.version) or self.version < 1:
             raise _fail(f"version must be an int >= 1, got {self.version!r}")
         pv = self.parent_version

@@ -93,11 +93,17 @@ def _register_device(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     export_c = device_sub.add_parser(
         "export-c", help="write a micro policy as dependency-free C99 (static weights, no malloc, libm only)",
         description="Translate a bundle's dense-MLP policy into strata_policy.h / strata_policy.c (API: int32_t "
-        "strata_policy_act(const float *obs, float *out)) plus a test harness strata_policy_main.c. Operators "
+        "strata_policy_act(const float *obs, float *out)) plus a test harness strata_policy_main.c. The bundle is "
+        "verified first against --trust (nothing is compiled from an unverified bundle). Operators "
         "outside the supported set are refused by name. A NaN or infinite observation is refused: the call returns "
         "STRATA_POLICY_NONFINITE (-1) and leaves `out` untouched.")
     export_c.add_argument("--bundle", required=True, type=Path, metavar="FILE", help="policy bundle (.bundle)")
     export_c.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder to write the C files into")
+    export_c.add_argument("--trust", action="append", type=Path, metavar="PUBFILE", default=None,
+                          help="trusted public key file the bundle must be signed with (repeat for several keys); "
+                          "the bundle is verified (signature, digest, expiry) before any C is written")
+    export_c.add_argument("--insecure-skip-verify", action="store_true",
+                          help="write C from a bundle that is NOT verified (local experiments only; prints a warning)")
     export_c.set_defaults(func=_device_export_c)
 
 
@@ -180,10 +186,27 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 
 def _device_export_c(args: argparse.Namespace) -> int:
-    from device._bundle import Bundle
-    from device._export_c import export_c
+    import sys
 
-    bundle = Bundle.from_bytes(_read_file(args.bundle, "strata device export-c"))
+    from device._bundle import Bundle, Verifier
+    from device._errors import ConfigError
+    from device._export_c import export_c
+    from device._keys import TrustStore
+
+    if args.trust and args.insecure_skip_verify:
+        raise ConfigError("strata device export-c: --trust and --insecure-skip-verify contradict each other; pass "
+                          "--trust PUBFILE to verify the bundle (or only --insecure-skip-verify for a local test)")
+    if not args.trust and not args.insecure_skip_verify:
+        raise ConfigError("strata device export-c: needs --trust PUBFILE, the public key the bundle is signed with "
+                          "(nothing is compiled from an unverified bundle); --insecure-skip-verify skips the check "
+                          "for local experiments")
+    data = _read_file(args.bundle, "strata device export-c")
+    if args.insecure_skip_verify:
+        bundle = Bundle.from_bytes(data)
+        print(f"strata device export-c: WARNING: --insecure-skip-verify: {args.bundle} is NOT verified (signature "
+              "and digest unchecked); never ship this C", file=sys.stderr)
+    else:
+        bundle = Verifier(trust=TrustStore.from_paths(args.trust), tier="any").verify(data)
     discrete = bundle.manifest.action_space.get("type") == "Discrete"
     policy, paths = export_c(bundle.model, args.out, discrete=discrete)
     m = bundle.manifest

@@ -14,6 +14,12 @@ Per decision (`TieredController.decide`):
    until it expires, and then (or at once when the link is down or the edge has no answer) uses its own action;
 4. every decision records the tier that decided it: ``device``, ``edge`` or ``device-fallback``.
 
+A non-finite observation (NaN or +-inf: a broken sensor) follows the rule of the C export (``strata_policy_act``
+returns ``STRATA_POLICY_NONFINITE`` and leaves ``out`` untouched): it is refused before the micro policy runs and
+is never escalated (standard JSON cannot carry it); the device decides at once by the fallback, holding the last
+action it decided (the neutral action, 0 or the zero vector clipped into the action bounds, before the first),
+tier ``device-fallback``, reason `NONFINITE_REASON`, counted in `DeviceReport.nonfinite`.
+
 `DeviceRuntime` is the I/O around it, on paho-mqtt (`device._mqtt`; username/password and TLS for a secure
 broker, reconnect by paho): it receives device bundles on its edge's retained device-policy topic, verifies each
 (`Verifier`, tier ``device``: signature, digest, expiry, anti-rollback persisted in a state file) and swaps the
@@ -261,6 +267,8 @@ class Decision:
 
 
 Escalate = Callable[[np.ndarray, float], "EscalationReply | None"]
+NONFINITE_REASON = "non-finite observation (broken sensor)"
+"""`Decision.reason` of an observation holding NaN or +-inf: refused, decided by the fallback at once."""
 
 
 class MicroPolicy(Protocol):
@@ -285,19 +293,35 @@ class TieredController:
         budget_ms: Deadline of a decision that escalates, counted from its start; `escalate` gets what is left.
         is_stale: Whether the running policy is stale now.
         clock: Monotonic clock.
+        neutral: The action of a non-finite observation before any action was decided (default: 0 for Discrete,
+            the zero vector of the action's shape for Box; `DeviceRuntime` clips it into the action bounds).
     """
 
     def __init__(self, executor: MicroPolicy, *, discrete: bool, escalate: Escalate, confidence: str = "margin",
                  threshold: float = 0.5, budget_ms: float = 20.0, is_stale: Callable[[], bool] = lambda: False,
-                 clock: Callable[[], float] = time.perf_counter, region: Region | None = None) -> None:
+                 clock: Callable[[], float] = time.perf_counter, region: Region | None = None,
+                 neutral: Any = None) -> None:
         self.executor, self.discrete, self.escalate, self.region = executor, discrete, escalate, region
         self.measure, self.threshold, self.budget_s = confidence, threshold, budget_ms / 1000.0
         self.is_stale, self.clock = is_stale, clock
+        self._last: Any = neutral
+        self.nonfinite = 0
+        """Non-finite observations refused so far."""
 
     def decide(self, obs: np.ndarray) -> Decision:
         """Decide one observation (see the module docstring)."""
         start = self.clock()
         x = np.asarray(obs, dtype=np.float32).reshape(1, *np.shape(obs))
+        if not np.isfinite(x).all():  # a broken sensor: the C export's rule (refused), the fallback at once
+            self.nonfinite += 1
+            if self._last is None:  # nothing decided yet: the neutral action (0, or zeros of the action's shape)
+                self._last = 0 if self.discrete else np.zeros_like(self.executor.act(np.zeros_like(x))[0])
+            return Decision(self._last, "device-fallback", NONFINITE_REASON, 0.0, self.clock() - start)
+        decision = self._decide(x, start)
+        self._last = decision.action
+        return decision
+
+    def _decide(self, x: np.ndarray, start: float) -> Decision:
         if self.discrete:
             out = self.executor.run({"obs": x})
             own: Any = int(out["action"][0])
@@ -330,12 +354,16 @@ class DeviceReport:
     policy: str | None = None
     policy_version: int | None = None
     bundles_refused: list[str] = field(default_factory=list)
+    nonfinite: int = 0
+    """Observations refused as non-finite (a broken sensor), decided by the fallback."""
 
     def record(self, d: Decision) -> None:
         """Count one decision."""
         self.steps += 1
         self.by_tier[d.tier] += 1
         self.latencies[d.tier].append(d.latency_s)
+        if d.reason == NONFINITE_REASON:
+            self.nonfinite += 1
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready summary: returns, tier counts, escalated fraction, latency percentiles (ms) per tier."""
@@ -348,7 +376,7 @@ class DeviceReport:
                 "by_tier": dict(self.by_tier), "escalated_fraction": escalated / self.steps if self.steps else 0.0,
                 "latency_ms": {t: {"p50": pct(v, 50), "p99": pct(v, 99)} for t, v in self.latencies.items()},
                 "policy": self.policy, "policy_version": self.policy_version,
-                "bundles_refused": list(self.bundles_refused)}
+                "bundles_refused": list(self.bundles_refused), "nonfinite_observations": self.nonfinite}
 
 
 def read_password_file(path: str) -> str:
@@ -539,9 +567,20 @@ class DeviceRuntime:
             raise DeviceRunError("DeviceRuntime.controller: no micro policy is installed yet; call wait_for_policy")
         c = self.config
         installed = _Installed(self)
-        return TieredController(installed, discrete=self.bundle.manifest.action_space.get("type") == "Discrete",
-                                escalate=self.escalate, confidence=c.confidence, threshold=c.threshold,
-                                budget_ms=c.budget_ms, is_stale=self.is_stale, region=installed)
+        space = self.bundle.manifest.action_space
+        discrete = space.get("type") == "Discrete"
+        return TieredController(installed, discrete=discrete, escalate=self.escalate, confidence=c.confidence,
+                                threshold=c.threshold, budget_ms=c.budget_ms, is_stale=self.is_stale, region=installed,
+                                neutral=0 if discrete else neutral_box_action(space))
+
+
+def neutral_box_action(space: Mapping[str, Any]) -> np.ndarray:
+    """The zero action clipped into a Box action space's bounds (the fallback of a broken sensor, before any action)."""
+    from device._bundle import space_bounds
+
+    low, high = space_bounds(space)
+    shape = tuple(int(d) for d in space.get("shape", ()))
+    return np.clip(np.zeros(shape, np.float32), low, high).astype(np.float32)
 
 
 class _Installed:

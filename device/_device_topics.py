@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from device._errors import ConfigError, StrataError
 from device._mqtt_access import mqtt_topic
+from device._names import IDENTIFIER_FORM, is_identifier, shown
 
 MAX_REQUEST_BYTES = 16 * 1024
 """Requests and replies above this size are refused (a micro policy's observation is a few floats)."""
-
-_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 class DevicePayloadError(StrataError, ValueError):
@@ -38,9 +36,9 @@ class DevicePayloadError(StrataError, ValueError):
 
 def check_device_segment(value: str, what: str) -> str:
     """Return `value` if it can be one topic segment (fleet, edge or device id); raise `ConfigError`."""
-    if not isinstance(value, str) or not _SEGMENT.match(value):
-        raise ConfigError(f"{what} {value!r} cannot be an MQTT topic segment: use 1-64 characters of letters, "
-                          "digits, '_', '.' or '-', starting with a letter or digit (no '/', '+', '#')")
+    if not is_identifier(value):
+        raise ConfigError(f"{what} {shown(value)} cannot be an MQTT topic segment: use {IDENTIFIER_FORM} "
+                          "(no '/', '+', '#')")
     return value
 
 
@@ -86,7 +84,7 @@ class DeviceTopics:
         if not topic.startswith(head) or not topic.endswith("/request"):
             return None
         device = topic[len(head):-len("/request")]
-        return device if _SEGMENT.match(device) else None
+        return device if is_identifier(device) else None
 
 
 def _decode(topic: str, payload: bytes, kind: str) -> dict[str, Any]:
@@ -130,7 +128,9 @@ class EscalationRequest:
 
     def encode(self) -> bytes:
         """JSON bytes."""
-        return json.dumps({"id": self.id, "obs": list(self.obs), "budget_ms": self.budget_ms}).encode()
+        # Standard JSON only: NaN or Infinity would be refused by every receiver (ValueError here instead).
+        return json.dumps({"id": self.id, "obs": list(self.obs), "budget_ms": self.budget_ms},
+                          allow_nan=False).encode()
 
     @classmethod
     def decode(cls, topic: str, payload: bytes) -> EscalationRequest:
@@ -160,7 +160,7 @@ class EscalationReply:
     def encode(self) -> bytes:
         """JSON bytes."""
         return json.dumps({"id": self.id, "action": None if self.action is None else list(self.action),
-                           "policy_version": self.policy_version, "error": self.error}).encode()
+                           "policy_version": self.policy_version, "error": self.error}, allow_nan=False).encode()
 
     @classmethod
     def decode(cls, topic: str, payload: bytes) -> EscalationReply:

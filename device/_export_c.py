@@ -19,9 +19,10 @@ Constants are written with nine significant digits, which round-trips every floa
 Non-finite observations are refused: ``strata_policy_act`` returns ``STRATA_POLICY_NONFINITE`` (-1) and leaves
 `out` untouched when any observation value is NaN or +-inf. onnxruntime's answer there is not a specification
 (its ArgMax of a row holding NaN depends on where the NaN falls in its SIMD lanes, see `device._executor`), so
-the C policy cannot follow it; the caller decides what a broken sensor means (a device escalates). Inside the
-graph NaN follows onnxruntime: Relu, Max/Min and Clip keep NaN (no ``fmaxf``/``fminf``, which drop it), and Clip
-without a bound clamps to the float range as onnxruntime's default bounds do.
+the C policy cannot follow it; the caller decides what a broken sensor means (strata's Python device refuses
+it the same way and holds its last action, see `device._device_run`). Inside the graph NaN follows onnxruntime:
+Relu, Max/Min and Clip keep NaN (no ``fmaxf``/``fminf``, which drop it), and Clip without a bound clamps to the
+float range as onnxruntime's default bounds do.
 """
 
 from __future__ import annotations

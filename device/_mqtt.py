@@ -25,6 +25,7 @@ from typing import Any
 
 from device._deps import require
 from device._errors import StrataError
+from device._names import HOST_FORM, is_host, shown
 
 MessageCallback = Callable[[str, bytes, bool], None]
 
@@ -52,18 +53,105 @@ class LinkOptions:
 
 def parse_broker(url: str) -> tuple[str, int, bool]:
     """``mqtt://host[:1883]`` or ``mqtts://host[:8883]`` as ``(host, port, tls)``; `ValueError` names the form."""
-    parsed = urllib.parse.urlsplit(url)
+    try:
+        parsed = urllib.parse.urlsplit(url)
+    except ValueError:
+        parsed = urllib.parse.urlsplit("")
     if parsed.scheme not in ("mqtt", "mqtts", "tcp", "ssl") or not parsed.hostname:
-        raise ValueError(f"broker {url!r} must be of the form mqtt://host:port or mqtts://host:port")
+        raise ValueError(f"broker {shown(url)} must be of the form mqtt://host:port or mqtts://host:port")
+    if not is_host(parsed.hostname) or parsed.path not in ("", "/") or parsed.query or parsed.fragment:
+        raise ValueError(f"broker {shown(url)}: the host must be {HOST_FORM}, with nothing after the port")
     tls = parsed.scheme in ("mqtts", "ssl")
     try:
         port = parsed.port or (8883 if tls else 1883)
     except ValueError:
-        raise ValueError(f"broker {url!r} has an invalid port") from None
+        raise ValueError(f"broker {shown(url)} has an invalid port") from None
     if parsed.username or parsed.password:
-        raise ValueError(f"broker {url!r} holds credentials; pass --username and --password-file instead "
-                         "(a URL ends up in logs and process lists)")
+        raise ValueError(f"broker {shown(url.split('@')[-1])} holds credentials; pass --username and --password-file "
+                         "instead (a URL ends up in logs and process lists)")
     return parsed.hostname, port, tls
+
+
+class _ClosingSSLSocket(ssl.SSLSocket):
+    """An `ssl.SSLSocket` that closes itself when its handshake fails.
+
+    paho (2.2, ``Client._ssl_wrap_socket``) leaves the socket of a failed handshake open for the garbage collector
+    (a ResourceWarning per attempt); a refused certificate is retried up to the refusal budget, so it is closed here.
+    """
+
+    def do_handshake(self, block: bool = False) -> None:
+        try:
+            super().do_handshake(block)
+        except BaseException:
+            self.close()
+            raise
+
+
+def tls_context(*, ca_file: str | None, cert_file: str | None, key_file: str | None) -> ssl.SSLContext:
+    """The client TLS context of both MQTT links; a failed handshake closes its socket.
+
+    It verifies the broker against `ca_file` (or the system's CAs), host name included, and presents `cert_file`
+    when given.
+
+    Raises:
+        OSError, ssl.SSLError: a file cannot be read or is not PEM.
+    """
+    context = ssl.create_default_context(cafile=ca_file)
+    if cert_file:
+        context.load_cert_chain(cert_file, key_file)
+    context.sslsocket_class = _ClosingSSLSocket
+    return context
+
+
+# OpenSSL verify codes (x509_vfy.h) of the certificate failures a client meets, each with its own fix.
+_EXPIRED, _NOT_YET_VALID = 10, 9
+_UNKNOWN_ISSUER = (2, 18, 19, 20, 21)
+_WRONG_HOST = (62, 64)
+
+
+def tls_failure(exc: BaseException, *, host: str, port: int, tls: bool, ca_file: str | None) -> str | None:
+    """One line naming why connecting failed in TLS terms and the fix, or None when `exc` is no TLS failure.
+
+    A TLS failure is a configuration error that retrying cannot fix (unlike a refused TCP connection, which is
+    an outage): an unknown CA, an expired or not yet valid certificate, a certificate for another host, or a
+    handshake the server breaks off (TLS to a plain MQTT port). Both MQTT links (`device._mqtt`,
+    `edge._mqtt`) use it, so `strata edge run` and `strata device run` name the same causes.
+    """
+    where = f"{host}:{port}"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        code, detail = getattr(exc, "verify_code", None), str(getattr(exc, "verify_message", "") or exc)
+        if code == _EXPIRED:
+            return (f"TLS: the server certificate of {where} has expired; renew the broker's certificate (or fix "
+                    "this machine's clock)")
+        if code == _NOT_YET_VALID:
+            return f"TLS: the server certificate of {where} is not valid yet; check this machine's clock"
+        if code in _WRONG_HOST or "mismatch" in detail:
+            return (f"TLS: the server certificate of {where} is not valid for {host!r} ({detail}); connect by the "
+                    "name the certificate holds, or reissue it for this host")
+        if code in _UNKNOWN_ISSUER:
+            trusted = f"--ca-file {ca_file}" if ca_file else "the system's CA store (no --ca-file)"
+            return (f"TLS: the server certificate of {where} is not signed by a CA in {trusted} ({detail}); pass "
+                    "--ca-file with the CA that signed the broker's certificate")
+        return f"TLS: the server certificate of {where} does not verify ({detail}); check --ca-file"
+    if tls and isinstance(exc, ssl.SSLError | ConnectionResetError | BrokenPipeError):
+        return (f"TLS: the handshake with {where} failed ({type(exc).__name__}: {exc}); is it a plain MQTT port? "
+                "use mqtt:// for it, or the broker's TLS port with mqtts://")
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS: {where}: {exc}; check --ca-file, --cert-file and --key-file"
+    return None
+
+
+def closed_before_connack(*, host: str, port: int, tls: bool, cert_file: str | None) -> str:
+    """Why a broker that accepted the connection closed it before answering CONNECT, with the fix."""
+    where = f"{host}:{port}"
+    if not tls:
+        return (f"{where} closed the connection before answering CONNECT: is it a TLS port? use mqtts:// (with "
+                "--ca-file) for it")
+    if cert_file:
+        return (f"the broker {where} closed the TLS connection before answering CONNECT: it refused the client "
+                f"certificate --cert-file {cert_file} (wrong CA, expired or revoked), or the client id is not allowed")
+    return (f"the broker {where} closed the TLS connection before answering CONNECT: it may require a client "
+            "certificate (--cert-file, --key-file)")
 
 
 class DeviceLink:
@@ -83,6 +171,7 @@ class DeviceLink:
         self._subscriptions = list(subscriptions)
         self._first = threading.Event()
         self._refused: str | None = None
+        self._closed_early: str | None = None
         self._connected = threading.Event()
         self.connects = 0
         """CONNACKs accepted so far (the first connection and every reconnection)."""
@@ -94,9 +183,7 @@ class DeviceLink:
             client.username_pw_set(options.username, options.password)
         if options.tls or options.ca_file or options.cert_file:
             try:
-                context = ssl.create_default_context(cafile=options.ca_file)
-                if options.cert_file:
-                    context.load_cert_chain(options.cert_file, options.key_file)
+                context = tls_context(ca_file=options.ca_file, cert_file=options.cert_file, key_file=options.key_file)
             except (OSError, ssl.SSLError) as exc:
                 raise MqttLinkError(f"cannot load the TLS files (ca {options.ca_file!r}, cert {options.cert_file!r}, "
                                     f"key {options.key_file!r}): {exc}; pass readable PEM files") from None
@@ -123,11 +210,17 @@ class DeviceLink:
         try:
             self._client.connect(o.host, o.port, keepalive=o.keepalive_s)
         except (OSError, ssl.SSLError) as exc:
-            raise MqttLinkError(f"cannot connect to {o.host}:{o.port}: {exc}") from None
+            tls = tls_failure(exc, host=o.host, port=o.port, tls=bool(o.tls or o.ca_file or o.cert_file),
+                              ca_file=o.ca_file)
+            raise MqttLinkError(f"cannot connect: {tls}" if tls else f"cannot connect to {o.host}:{o.port}: {exc}"
+                                ) from None
         self._client.loop_start()
         if not self._first.wait(timeout_s):
             self.close()
             raise MqttLinkError(f"{o.host}:{o.port} did not answer the MQTT CONNECT within {timeout_s} s")
+        if self._closed_early is not None:
+            self.close()
+            raise MqttLinkError(self._closed_early)
         if self._refused is not None:
             self.close()
             refused_credentials = "authori" in self._refused or "password" in self._refused
@@ -187,6 +280,13 @@ class DeviceLink:
         self._connected.clear()
         if reason.is_failure:
             self.last_error = str(reason)
+        if not self._first.is_set():  # the broker accepted the socket but closed it before any CONNACK
+            o = self.options
+            self._closed_early = closed_before_connack(host=o.host, port=o.port, tls=bool(o.tls or o.ca_file or
+                                                                                           o.cert_file),
+                                                       cert_file=o.cert_file)
+            self.last_error = self._closed_early
+            self._first.set()
 
     def _handle_message(self, client: Any, userdata: Any, message: Any) -> None:
         self._on_message(message.topic, bytes(message.payload), bool(message.retain))

@@ -35,7 +35,7 @@ from device import Bundle, BundleError, RolloutBatch, TrustStore, load_public_ke
 from edge._cache import Phase, PolicyCache
 from edge._errors import CacheError, EdgeConfigError, EdgeError, PayloadError
 from edge._gateway import EdgeGateway, GatewayConfig
-from edge._mqtt import LinkConfig, MqttLink
+from edge._mqtt import LinkConfig, MqttLink, parse_broker_url
 from edge._outbox import Outbox, OutboxConfig
 from edge._policy import HealthChecker, HealthConfig, HealthReport, OnnxPolicy
 from edge._topics import (
@@ -128,6 +128,8 @@ class EdgeAgentConfig:
         check_segment(self.node_id, "node id")
         if self.policy is not None:
             check_segment(self.policy, "policy")
+        if self.broker is not None:  # validated where the config is built, so a kit or install never carries junk
+            parse_broker_url(self.broker)
         if not self.trust:
             raise EdgeConfigError("EdgeAgentConfig: trust is empty; pass the public key that signs the fleet's "
                                   "bundles (--trust strata-signing.pub)")
@@ -271,7 +273,14 @@ class EdgeAgent:
                           updated_at=self._clock(), outbox_pending=stats.pending,
                           last_error=self.last_error or (self.gateway.relay_error if self.gateway else None),
                           outbox_dropped=stats.dropped, steps=self.counters.steps, episodes=self.counters.episodes,
-                          mean_return=mean_return, latency_p99_us=p99, last_record_id=record_id)
+                          mean_return=mean_return, latency_p99_us=p99, last_record_id=record_id,
+                          cache_repairs=self.cache_repairs)
+
+    @property
+    def cache_repairs(self) -> str | None:
+        """The policy cache's repairs and fallbacks since start (`PolicyCache.repairs`), or None."""
+        repairs = self.cache.repairs
+        return "; ".join(repairs)[-2000:] if repairs else None
 
     def _will_payload(self) -> bytes:
         # The will cannot change while connected (MQTT 3.1.1); it names the policy running at connect time.
@@ -294,12 +303,14 @@ class EdgeAgent:
         if self._make_env == self._default_env:
             self._check_env()
         bundle = self.cache.load()
+        if self.cache_repairs:  # damage found on disk is a status, not only a log line
+            self.last_error = f"policy cache: {self.cache_repairs}"
         if bundle is not None:
             try:
                 self._install(OnnxPolicy(bundle), bundle)
                 log.info("%s: running cached %s v%d", self.config.node_id, bundle.policy, bundle.version)
             except Exception as exc:  # a cached model onnxruntime cannot load: wait for the next bundle
-                self.last_error = f"cached policy does not load: {exc}"
+                self._note_error(f"cached policy does not load: {exc}")
         if self._follow is None and bundle is not None:
             self._follow = bundle.policy
         if self.config.broker is not None:
@@ -490,8 +501,8 @@ class EdgeAgent:
         verified = time.perf_counter()
         policy, report = self._checker.check(bundle)
         if policy is None:
-            self.cache.stage(bundle, data=data)
-            self.cache.discard(report.reason)
+            # Remembered as rejected; no slot is written, so the fallback policy on disk stays the last good one.
+            self.cache.reject(bundle, report.reason)
             self.counters.health_failures.append(report.reason)
             self._note_error(f"health check of {bundle.policy} v{bundle.version} failed: {report.reason}; "
                              f"still running v{self.version}")
@@ -592,9 +603,12 @@ class EdgeAgent:
                 now = time.monotonic()
                 link = self.link
                 if link is not None and link.gave_up:
+                    # The link's last error names the cause (credentials, a certificate, TLS vs plain port) and fix.
+                    cause = link.last_error or "no reason given"
+                    hint = ("; check --username and --password-file" if cause.startswith("broker refused")
+                            else "")
                     raise EdgeError(f"{cfg.node_id}: the broker {cfg.broker} refused the connection {link.refusals} "
-                                    f"times ({link.last_error}); check --username and --password-file, or the TLS "
-                                    "--cert-file, --key-file and --ca-file")
+                                    f"times ({cause}){hint}")
                 if cfg.duration is not None and now - started >= cfg.duration:
                     break
                 if cfg.steps is not None and self.counters.steps >= cfg.steps:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from device import write_atomic
+from device._names import HOST_FORM, is_host, shown
 from edge._errors import EdgeConfigError
 from edge._topics import FleetTopics, check_segment
 
@@ -132,6 +133,9 @@ def write_broker_config(out: Path, *, fleet: str, nodes: Sequence[str], cloud_us
                               f"nodes={list(nodes)}, cloud user {cloud_user!r} and devices {list(devices)}")
     if not 1 <= port <= 65535:
         raise EdgeConfigError(f"strata broker config: port {port} must be between 1 and 65535")
+    if not is_host(bind):  # it goes into mosquitto.conf: a space, ';' or newline would add a directive
+        raise EdgeConfigError(f"strata broker config: --bind {shown(bind)} must be {HOST_FORM}; 0.0.0.0 serves "
+                              "every interface")
     try:
         return _write(Path(out), fleet=fleet, nodes=nodes, cloud_user=cloud_user, users=users, port=port, bind=bind,
                       use_binary=use_binary, devices=devices)

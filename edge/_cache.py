@@ -4,30 +4,35 @@ Layout of the cache folder::
 
     slots/a.bundle  slots/b.bundle   two slots; a new bundle always goes into the slot that is not active
     pointer.json                     {"active", "previous", "state": "committed" | "trial", versions}
-    verifier.json                    anti-rollback state of `device.Verifier` (highest accepted version)
+    verifier.json                    anti-rollback state of `device.Verifier` (the floor: highest committed version)
     rejected.json                    bundles that failed their health check (not tried again)
 
 State machine of one update (each arrow is one atomic step: write a temp file, fsync, rename, fsync the folder):
 
-    committed(A) --stage--> committed(A), B written in the other slot
-        --commit--> committed(B, previous A)     (the verifier records B's version: no rollback below it)
-        --discard--> committed(A)                 (B failed its health check; remembered as rejected)
+    committed(A) --stage--> committed(A), B written in the other slot     (only after B passed its health check)
+        --commit--> committed(B, previous A)     (the floor rises to B's version first, then the pointer swaps)
+    committed(A) --reject--> committed(A)         (B failed its health check: recorded in rejected.json only;
+                                                   no slot is written, so the fallback A' in the other slot stays)
 
-The pointer moves only by an atomic rename, and only to a slot whose file is complete and fsynced, so a
-crash anywhere leaves a cache that `load` resolves to a verified, committed policy.
+Trust rules (what a damaged or hostile cache folder can and cannot do):
 
-The cache never leaves the node without a policy while a verified one is on disk:
-
-- `load` verifies every slot again (signature, digest, expiry, tier) and takes the pointer's active slot when
-  it verifies, else the other slot (the best verified bundle on disk), never one that failed its health check.
-  A bundle in a slot got there only after passing the network verifier's anti-rollback check, so an older one
-  is a known-good previous policy, not a rollback. A torn pointer, a corrupt slot or an unreadable
-  anti-rollback state (rebuilt from the verified slots) are repaired on the spot, never deleted into "empty".
+- A slot is written only with a bundle that passed its health check; a failed one never touches a slot, so the
+  last policy that passed (the active one, and the previous one as its fallback) is never overwritten by one
+  that has not.
+- The anti-rollback floor rises only in `commit`, after the health check passed. `load` activates only a slot
+  it knows was committed: its version is at most the floor of its policy (commit raises the floor before it
+  swaps the pointer), or, when the floor itself was lost, the pointer names that slot with that version (the
+  pointer is written only by commit). So `load` never raises the floor above a committed version, and a staged
+  but uncommitted bundle, or a rejected one planted in a slot, is never activated.
+- Damage only lowers availability: a torn pointer falls back to the newest known-committed slot; a corrupt slot
+  to the other one; an unreadable rejected.json is moved aside (a failed bundle is health-checked again, never
+  activated unchecked); an unreadable or missing floor is rebuilt from the pointer's committed versions, and with
+  the pointer gone too, no slot is known committed: the node waits for the fleet's latest bundle, which goes
+  through verify, health check and commit. Every repair and fallback is listed in `repairs` (the agent puts it
+  in its ``last_error`` and status).
 - `verify` (for bundles from the network) passes versions newer than the highest accepted, and also the
   highest accepted version itself while the cache does not hold it: re-installing the version it already
   trusts repairs a cache that fell back after corruption (the signature must still verify).
-- `commit` records the version as accepted first, then swaps the pointer: a crash between the two restarts
-  on the old slot, and the repair rule above lets the same version in again.
 - A write that fails raises `CacheError`; the caller reports the install as failed and keeps (or goes back
   to) what the pointer says runs.
 
@@ -36,6 +41,7 @@ The cache never leaves the node without a policy while a verified one is on disk
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -96,23 +102,32 @@ class PolicyCache:
                  on_phase: Callable[[Phase, Bundle], None] | None = None) -> None:
         self.root = Path(root)
         self.events: list[str] = []
+        self.repairs: list[str] = []
+        """What the last `load` (and later writes) found damaged and how the cache fell back, newest last."""
         try:
             (self.root / "slots").mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise CacheError(f"PolicyCache: cannot create {self.root / 'slots'}: {exc.strerror or exc}; pass a "
                              "writable cache folder") from None
         state = self.root / "verifier.json"
+        # The floor is lost when its file is unreadable, or missing from a cache that holds a pointer or a slot.
+        self._floor_lost = not state.exists() and (self.pointer_path.exists() or any(
+            self.slot_path(s).exists() for s in ("a", "b")))
         try:
             self.verifier = Verifier(trust=trust, tier=tier, state_path=state, clock=clock)
         except VerifierStateError as exc:
-            # The verified slots hold every version this cache committed: `load` rebuilds the floor from them.
-            self.events.append(f"anti-rollback state unreadable, rebuilt from the verified slots: {exc}")
-            log.warning("policy cache %s: %s", self.root, self.events[-1])
+            self._floor_lost = True
+            self._note(f"anti-rollback state unreadable ({exc}); moved to verifier.json.corrupt and rebuilt from "
+                       "the versions the pointer says were committed")
             try:
                 state.replace(state.with_name("verifier.json.corrupt"))
             except OSError as move_exc:
                 raise CacheError(f"PolicyCache: {exc}; and it cannot be moved aside: {move_exc}") from None
             self.verifier = Verifier(trust=trust, tier=tier, state_path=state, clock=clock)
+        else:
+            if self._floor_lost:
+                self._note("anti-rollback state missing beside cached bundles; rebuilt from the versions the "
+                           "pointer says were committed")
         # Integrity-only verifier for loading from disk (no rollback state: `load` applies its own rule).
         self._integrity = Verifier(trust=trust, tier=tier, clock=clock)
         self._on_phase = on_phase
@@ -136,6 +151,13 @@ class PolicyCache:
     def pointer(self) -> Pointer | None:
         """The pointer as last loaded or written."""
         return self._pointer
+
+    def _note(self, message: str) -> None:
+        """Record a repair or fallback: in `events`, in `repairs` (status) and in the log."""
+        self.events.append(message)
+        self.repairs.append(message)
+        del self.repairs[:-20]
+        log.warning("policy cache %s: %s", self.root, message)
 
     def _phase(self, phase: Phase, bundle: Bundle) -> None:
         self.events.append(f"{phase} {bundle.policy} v{bundle.version}")
@@ -165,36 +187,50 @@ class PolicyCache:
         except FileNotFoundError:
             return None
         except (OSError, BundleError) as exc:
-            self.events.append(f"slot {slot} unusable: {exc}")
-            log.warning("policy cache %s: slot %s unusable: %s", self.root, slot, exc)
+            self._note(f"slot {slot} unusable: {exc}")
             return None
         if self.is_rejected(bundle):
-            self.events.append(f"slot {slot} holds {bundle.policy} v{bundle.version}, which failed its health check")
+            self._note(f"slot {slot} holds {bundle.policy} v{bundle.version}, which failed its health check: ignored")
             return None
         return bundle
 
-    def load(self) -> Bundle | None:
-        """Resolve the pointer after a (re)start and return the best verified bundle, or None when none verifies.
-
-        The pointer's active slot when it verifies, else the other slot; the pointer is rewritten to match.
-        """
+    def _read_pointer(self) -> Pointer | None:
         try:
-            pointer: Pointer | None = Pointer.from_json(self.pointer_path.read_bytes())
+            return Pointer.from_json(self.pointer_path.read_bytes())
         except FileNotFoundError:
-            pointer = None
+            return None
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
-            self.events.append(f"pointer unreadable: {exc}")
-            pointer = None
+            self._note(f"pointer.json unreadable ({exc}); falling back to the newest committed slot")
+            return None
+
+    def load(self) -> Bundle | None:
+        """Resolve the pointer after a (re)start and return the best committed bundle, or None when none is.
+
+        The pointer's active slot when it verifies and is known committed, else the newest known-committed slot
+        (see the module docstring); the pointer is rewritten to match. The floor is raised only when it was lost,
+        and then only to versions the pointer says were committed.
+        """
+        pointer = self._read_pointer()
         preferred: Slot | None = None if pointer is None else pointer.active
         excluded: Slot | None = None
         if pointer is not None and pointer.state == "trial":
             self.events.append(f"pointer was on trial of v{pointer.version}: reverting")
             preferred, excluded = pointer.previous, pointer.active
-        found: dict[Slot, Bundle] = {}
+        verified: dict[Slot, Bundle] = {}
         for s in ("a", "b"):
             if s != excluded and (bundle := self._read_slot(s)) is not None:
-                found[s] = bundle
+                verified[s] = bundle
+        lost, self._floor_lost = self._floor_lost, False
+        found = {s: b for s, b in verified.items() if self._committed(s, b, pointer, floor_lost=lost)}
+        if lost:
+            self._rebuild_floor(found)
+        for s in sorted(set(verified) - set(found)):
+            b = verified[s]
+            self._note(f"slot {s} holds {b.policy} v{b.version}, above the anti-rollback floor "
+                       f"{self.verifier.highest_accepted(b.policy)} and never committed: not activated")
         if not found:
+            if pointer is not None or verified:
+                self._note("no committed policy on disk: waiting for the fleet's latest bundle")
             self._pointer, self._active = pointer, None
             return None
         if preferred in found:
@@ -202,23 +238,39 @@ class PolicyCache:
         else:
             slot = max(found, key=lambda k: found[k].version)
             if pointer is not None:
-                self.events.append(f"active slot {pointer.active} unusable: fell back to slot {slot} "
-                                   f"({found[slot].policy} v{found[slot].version})")
+                self._note(f"active slot {pointer.active} unusable: fell back to slot {slot} "
+                           f"({found[slot].policy} v{found[slot].version})")
         bundle = found[slot]
         other: Slot = "b" if slot == "a" else "a"
-        keep_previous = pointer is not None and pointer.previous == other and other in found
+        keep_previous = other in found and other != excluded
         resolved = Pointer(slot, other if keep_previous else None, "committed", bundle.version,
                            found[other].version if keep_previous else None)
-        try:  # a read-only cache still runs its verified bundle; the repair waits for a writable disk
+        try:  # a read-only cache still runs its committed bundle; the repair waits for a writable disk
             if resolved != pointer:
                 self._write_pointer(resolved)
-            if bundle.version > self.verifier.highest_accepted(bundle.policy):
-                self._accept(bundle)
         except CacheError as exc:
-            self.events.append(str(exc))
-            log.warning("policy cache %s: %s", self.root, exc)
+            self._note(str(exc))
         self._pointer, self._active = resolved, bundle
         return bundle
+
+    def _committed(self, slot: Slot, bundle: Bundle, pointer: Pointer | None, *, floor_lost: bool) -> bool:
+        """Whether `bundle` in `slot` is known to have been committed (see the module docstring)."""
+        if bundle.version <= self.verifier.highest_accepted(bundle.policy):
+            return True
+        return pointer is not None and floor_lost and (
+            (slot == pointer.active and bundle.version == pointer.version)
+            or (slot == pointer.previous and bundle.version == pointer.previous_version))
+
+    def _rebuild_floor(self, committed: dict[Slot, Bundle]) -> None:
+        """Set a lost floor to the committed versions the pointer named (never higher)."""
+        for bundle in sorted(committed.values(), key=lambda b: b.version):
+            try:
+                self._accept(bundle)
+            except (CacheError, RollbackError) as exc:
+                self._note(f"cannot record the rebuilt anti-rollback floor: {exc}")
+        if not committed:
+            self._note("anti-rollback floor lost and no slot is named by a readable pointer: no cached policy is "
+                       "known committed, so none is activated")
 
     def verify(self, data: bytes) -> Bundle:
         """Verify a bundle from the network (raise the `BundleError` naming the refusal).
@@ -248,20 +300,32 @@ class PolicyCache:
         return f"{bundle.policy}:{bundle.version}:{bundle.manifest.model_sha256}" in self._rejected()
 
     def _rejected(self) -> dict[str, str]:
-        if self._rejected_cache is None:  # read once; `discard` keeps the copy and the file in step
+        if self._rejected_cache is None:  # read once; `reject` keeps the copy and the file in step
+            path = self.root / "rejected.json"
+            found: dict[str, str] = {}
             try:
-                obj = json.loads((self.root / "rejected.json").read_bytes())
-                found = {str(k): str(v) for k, v in obj.items()} if isinstance(obj, dict) else {}
-            except (OSError, ValueError, RecursionError):
-                found = {}
+                obj = json.loads(path.read_bytes())
+                if not isinstance(obj, dict):
+                    raise ValueError(f"a JSON {type(obj).__name__}, not an object")
+                found = {str(k): str(v) for k, v in obj.items()}
+            except FileNotFoundError:
+                pass
+            except (OSError, ValueError, RecursionError) as exc:
+                # No slot ever holds a rejected bundle, so forgetting rejections costs a health check, no more.
+                self._note(f"rejected.json unreadable ({str(exc)[:200]}); moved to rejected.json.corrupt: a bundle "
+                           "that failed its health check will be checked again")
+                with contextlib.suppress(OSError):
+                    path.replace(path.with_name("rejected.json.corrupt"))
             self._rejected_cache = found
         return dict(self._rejected_cache)
 
     def stage(self, bundle: Bundle, *, data: bytes | None = None) -> Slot:
-        """Write `bundle` into the inactive slot (the active one is untouched).
+        """Write `bundle`, which passed its health check, into the inactive slot (the active one is untouched).
+
+        Never stage a bundle that has not passed its checks: the inactive slot holds the fallback policy.
 
         Args:
-            bundle: The verified bundle.
+            bundle: The verified bundle that passed its health check.
             data: The exact bytes `bundle` was verified from, written as they are (saves encoding it again);
                 None encodes `bundle`.
         """
@@ -277,7 +341,7 @@ class PolicyCache:
         return slot
 
     def commit(self) -> Bundle:
-        """The staged bundle passed its health check: swap the pointer to it and accept its version."""
+        """The staged bundle passed its health check: raise the floor to its version, then swap the pointer to it."""
         if self._staged is None:
             raise CacheError("PolicyCache.commit: nothing staged; call stage(bundle) first")
         slot, bundle = self._staged
@@ -290,23 +354,20 @@ class PolicyCache:
         self._phase("committed", bundle)
         return bundle
 
-    def discard(self, reason: str) -> None:
-        """The staged bundle failed: the pointer stays where it is, and the bundle is remembered as rejected."""
-        if self._staged is None:
-            raise CacheError("PolicyCache.discard: nothing staged")
-        _, bundle = self._staged
+    def reject(self, bundle: Bundle, reason: str) -> None:
+        """`bundle` failed its health check: remember it as rejected; no slot, pointer or floor changes."""
         rejected = self._rejected()
         rejected[f"{bundle.policy}:{bundle.version}:{bundle.manifest.model_sha256}"] = reason[:500]
         kept = dict(list(rejected.items())[-MAX_REJECTED:])
         self._rejected_cache = kept
-        self._staged = None
         try:
             write_atomic(self.root / "rejected.json", json.dumps(kept).encode())
-        except OSError as exc:  # remembered in memory; only a restart would try it again
-            self.events.append(f"cannot write rejected.json: {exc}")
+        except OSError as exc:  # remembered in memory; only a restart would check it again
+            self._note(f"cannot write rejected.json: {exc}")
         self._phase("discarded", bundle)
 
     def describe(self) -> dict[str, Any]:
         """Pointer and events, for status output."""
         p = self._pointer
-        return {"pointer": None if p is None else json.loads(p.to_json()), "events": self.events[-20:]}
+        return {"pointer": None if p is None else json.loads(p.to_json()), "events": self.events[-20:],
+                "repairs": list(self.repairs)}

@@ -44,6 +44,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                          help="edge: a policy for edge agents (default); device: a micro policy (from `strata export "
                          "--tier device`) published retained to strata/FLEET/device-policy, which every edge "
                          "gateway verifies and relays to its devices")
+    publish.add_argument("--trust", action="append", type=Path, metavar="PUBFILE", default=None,
+                         help="verify the bundle against this public key (repeat for several) before anything is "
+                         "sent: a tampered, unsigned or foreign-signed bundle is refused here, not by every node")
     publish.set_defaults(func=_publish)
 
     edge = sub.add_parser("edge", help="run an edge node", description="Run an edge node.")
@@ -127,8 +130,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     config.add_argument("--kits", default=None, type=Path,
                         help="also write a provisioning kit per node into KITS/<node>/ (edge.toml, password, "
                         "trusted key; files 0600) for `strata edge install --kit`")
-    config.add_argument("--trust", default=None, type=Path,
-                        help="public signing key the nodes trust (strata-signing.pub); needed with --kits")
+    config.add_argument("--trust", default=None, type=Path, action="append", metavar="PUBFILE",
+                        help="public signing key the nodes trust (strata-signing.pub); needed with --kits; repeat "
+                        "it to trust the old and the new key while rotating (a private key is refused)")
     config.add_argument("--broker-url", default=None,
                         help="URL the nodes reach this broker at, written into the kits (default: "
                         "mqtt://BIND:PORT; needed when --bind is a wildcard)")
@@ -208,6 +212,10 @@ def _publish(args: argparse.Namespace) -> int:
         data = args.bundle.read_bytes()
     except OSError as exc:
         raise EdgeConfigError(f"strata publish: cannot read {args.bundle}: {exc.strerror or exc}") from None
+    if args.trust:  # the one trust-anchor parser; the consumers' own verifier, before anything goes on the wire
+        from device import TrustStore, Verifier
+
+        Verifier(trust=TrustStore.from_paths(args.trust), tier=args.tier).verify(data)
     if args.tier == "device":
         return _publish_device(args, data)
     ann = publish_bundle(data, broker=args.broker, fleet=args.fleet, username=args.username,
@@ -269,7 +277,7 @@ def _edge_run(args: argparse.Namespace) -> int:
                "steps": counters.steps, "episodes": counters.episodes, "updates": counters.updates,
                "refused": len(counters.refused), "health_failures": len(counters.health_failures),
                "telemetry_records": counters.telemetry_records, "seconds": round(time.monotonic() - started, 3),
-               "last_error": agent.last_error}
+               "last_error": agent.last_error, "cache_repairs": agent.cache_repairs}
     if args.json:
         print(json.dumps(summary))
     else:
@@ -311,23 +319,25 @@ def _fleet(args: argparse.Namespace) -> int:
 
 
 def _broker_config(args: argparse.Namespace) -> int:
+    from device._keys import trusted_key_files
     from edge._broker_config import write_broker_config
     from edge._errors import EdgeConfigError
-    from edge._provision import write_kit
+    from edge._mqtt import check_broker_url
+    from edge._provision import KIT_CONFIG, write_kit
 
     nodes = [n for n in args.nodes.split(",") if n]
+    trusted: dict[str, bytes] = {}
     if args.kits is not None:  # check the kit flags before writing anything
-        if args.trust is None:
+        if not args.trust:
             raise EdgeConfigError("strata broker config: --kits needs --trust PUBKEY, the signing key the nodes "
                                   "trust (strata-signing.pub from `strata keys generate`)")
-        if args.broker_url is None and args.bind in ("0.0.0.0", "::", ""):
+        if args.broker_url is None and args.bind in ("0.0.0.0", "::"):
             raise EdgeConfigError(f"strata broker config: --bind {args.bind} serves every interface; say which "
                                   "address the nodes use with --broker-url mqtt://HOST:PORT")
-        try:
-            trusted = args.trust.read_bytes()
-        except OSError as exc:
-            raise EdgeConfigError(f"strata broker config: cannot read --trust {args.trust}: "
-                                  f"{exc.strerror or exc}") from None
+        if args.broker_url is not None:
+            check_broker_url(args.broker_url, what="strata broker config: --broker-url", credentials=False)
+        trusted = trusted_key_files(args.trust, what="strata broker config: --trust",
+                                    taken=(KIT_CONFIG, "password"))
     files = write_broker_config(args.out, fleet=args.fleet, nodes=nodes,
                                 cloud_user=[u for u in args.cloud_user.split(",") if u], port=args.port,
                                 bind=args.bind, devices=[d for d in args.devices.split(",") if d])
@@ -335,11 +345,12 @@ def _broker_config(args: argparse.Namespace) -> int:
     print(f"passwords (mode 0600) in {args.out / 'credentials'}/: pass one with --username USER "
           "--password-file FILE")
     if args.kits is not None:
-        url = args.broker_url or f"mqtt://{args.bind}:{args.port}"
+        bind = f"[{args.bind}]" if ":" in args.bind else args.bind
+        url = args.broker_url or f"mqtt://{bind}:{args.port}"
         for node in nodes:
             config: dict[str, object] = {"fleet": args.fleet, "broker": url, "username": node,
-                                         "password_file": "password", "trust": (args.trust.name,)}
-            kit_files = {"password": files.credentials[node].read_bytes(), args.trust.name: trusted}
+                                         "password_file": "password", "trust": tuple(trusted)}
+            kit_files = {"password": files.credentials[node].read_bytes(), **trusted}
             if args.devices:  # the node serves the devices (its gateway shares the node's connection)
                 config["serve_devices"] = True
             kit = write_kit(args.kits, node=node, config=config, files=kit_files)

@@ -297,7 +297,10 @@ class EdgeGateway:
                                         f"takes {list(shape)}")
             else:
                 action = np.asarray(policy.run(obs.reshape(1, *shape))[0], dtype=np.float64).reshape(-1)
-                reply = EscalationReply(id=request.id, action=tuple(float(a) for a in action),
-                                        policy_version=policy.version)
-                self.counters.served += 1
+                if np.all(np.isfinite(action)):
+                    reply = EscalationReply(id=request.id, action=tuple(float(a) for a in action),
+                                            policy_version=policy.version)
+                    self.counters.served += 1
+                else:  # nothing non-standard on the wire; the device falls back at once instead of timing out
+                    reply = EscalationReply(id=request.id, action=None, error="the edge policy's action is not finite")
         self._link.publish(self.topics.reply(device), reply.encode())

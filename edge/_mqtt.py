@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from device import require
+from device._mqtt import closed_before_connack, tls_context, tls_failure
+from device._names import HOST_FORM, is_host, shown
 from edge._errors import EdgeConfigError
 from edge._topics import AWS_MAX_PAYLOAD, QOS
 
@@ -140,17 +142,40 @@ class BrokerAddress:
 
 def parse_broker_url(url: str) -> BrokerAddress:
     """Parse ``mqtt://[user:pass@]host[:port]`` or ``mqtts://...``; raise `EdgeConfigError` naming the fix."""
-    parsed = urllib.parse.urlsplit(url)
+    try:
+        parsed = urllib.parse.urlsplit(url)
+    except ValueError:
+        parsed = urllib.parse.urlsplit("")
     if parsed.scheme not in ("mqtt", "mqtts", "tcp", "ssl") or not parsed.hostname:
-        raise EdgeConfigError(f"broker URL {url!r} is not of the form mqtt://host:port or mqtts://host:port")
+        raise EdgeConfigError(f"broker URL {shown(url)} is not of the form mqtt://host:port or mqtts://host:port")
+    if not is_host(parsed.hostname) or parsed.path not in ("", "/") or parsed.query or parsed.fragment:
+        raise EdgeConfigError(f"broker URL {shown(url)}: the host must be {HOST_FORM}, with nothing after the port")
     tls = parsed.scheme in ("mqtts", "ssl")
     try:
         port = parsed.port or (8883 if tls else 1883)
     except ValueError:
-        raise EdgeConfigError(f"broker URL {url!r} has an invalid port") from None
+        raise EdgeConfigError(f"broker URL {shown(url)} has an invalid port") from None
     user = urllib.parse.unquote(parsed.username) if parsed.username else None
     password = urllib.parse.unquote(parsed.password) if parsed.password else None
     return BrokerAddress(parsed.hostname, port, tls, user, password)
+
+
+def check_broker_url(url: str, *, what: str, credentials: bool = True) -> str:
+    """Return `url` if `parse_broker_url` takes it (and, without `credentials`, it holds no ``user:pass@``).
+
+    Config writers (kits) call this before writing a URL into a file.
+
+    Raises:
+        EdgeConfigError: naming `what`, the value and the form.
+    """
+    try:
+        address = parse_broker_url(url)
+    except EdgeConfigError as exc:
+        raise EdgeConfigError(f"{what}: {exc}") from None
+    if not credentials and (address.username or address.password):
+        raise EdgeConfigError(f"{what}: {shown(url.split('@')[-1])} must not hold credentials (user:pass@): a "
+                              "kit keeps its password in its own 0600 file")
+    return url
 
 
 def check_publish_topic(topic: str) -> None:
@@ -225,6 +250,7 @@ class MqttLink:
             check_publish_topic(will[0])
         self._will = will
         self._fall_back = False
+        self._tls = self.address.tls or bool(config.ca_file or config.cert_file)
         self._client = self._build_client()
 
     def _build_client(self) -> Any:
@@ -241,11 +267,9 @@ class MqttLink:
         password = config.password if config.password is not None else self.address.password
         if username:
             client.username_pw_set(username, password)
-        if self.address.tls or config.ca_file or config.cert_file:
+        if self._tls:
             try:
-                context = ssl.create_default_context(cafile=config.ca_file)
-                if config.cert_file:
-                    context.load_cert_chain(config.cert_file, config.key_file)
+                context = tls_context(ca_file=config.ca_file, cert_file=config.cert_file, key_file=config.key_file)
             except (OSError, ssl.SSLError) as exc:
                 raise EdgeConfigError(f"cannot load the TLS files (ca {config.ca_file!r}, cert {config.cert_file!r}, "
                                       f"key {config.key_file!r}): {exc}; pass readable PEM files") from None
@@ -345,10 +369,20 @@ class MqttLink:
                         self._client.reconnect()
                     first = False
                 except (OSError, ssl.SSLError) as exc:
-                    # Retryable: the broker is down, restarting, or the network is out. The node keeps working
-                    # offline and tries again after the backoff.
-                    self._state = LinkState.UNREACHABLE
-                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    tls = tls_failure(exc, host=self.address.host, port=self.address.port, tls=self._tls,
+                                      ca_file=self.config.ca_file)
+                    if tls is not None:
+                        # A certificate that does not verify, or a handshake the server breaks off, is a
+                        # configuration error: retrying cannot fix it, so it counts against `max_refusals`.
+                        self.refusals += 1
+                        self._state = LinkState.REFUSED
+                        self.last_error = tls
+                        log.warning("%s: %s", self.config.client_id, tls)
+                    else:
+                        # Retryable: the broker is down, restarting, or the network is out. The node keeps
+                        # working offline and tries again after the backoff.
+                        self._state = LinkState.UNREACHABLE
+                        self.last_error = f"{type(exc).__name__}: {exc}"
                     self._backoff(delay)
                     delay = min(delay * 2, self.config.reconnect_max_s)
                     continue
@@ -362,14 +396,15 @@ class MqttLink:
                 self._client = self._build_client()
                 continue
             if rc != self._mqtt.MQTT_ERR_SUCCESS and not self._stop.is_set():
-                if self.config.cert_file and not self._answered:
-                    # Under TLS 1.3 a broker that rejects the client certificate (wrong CA, expired) completes
-                    # the handshake and then closes before any CONNACK: that is a refusal, not an outage.
+                if not self._answered:
+                    # The broker took the connection and closed it before any CONNACK: under TLS 1.3 a broker that
+                    # rejects the client certificate does so after the handshake, and a TLS listener does so to a
+                    # plain CONNECT. That is a refusal, not an outage.
                     self.refusals += 1
                     self._state = LinkState.REFUSED
-                    self.last_error = (f"the broker closed the TLS connection before answering CONNECT: it refused "
-                                       f"the client certificate {self.config.cert_file} (wrong CA, expired or "
-                                       "revoked)")
+                    self.last_error = closed_before_connack(host=self.address.host, port=self.address.port,
+                                                            tls=self._tls, cert_file=self.config.cert_file)
+                    log.warning("%s: %s", self.config.client_id, self.last_error)
                 if self._client.socket() is not None:
                     self._client._sock_close()
                 if self._state is not LinkState.REFUSED:

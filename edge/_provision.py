@@ -33,6 +33,8 @@ from typing import Any
 from device._atomic import write_atomic
 from device._config_file import ConfigLayout, load_layered, read_config_file, to_toml
 from device._config_file import write_kit as write_kit_folder
+from device._keys import trusted_key_files
+from device._names import identifier, inside, shown
 from edge._agent import EdgeAgentConfig
 from edge._errors import EdgeConfigError
 
@@ -78,8 +80,11 @@ def write_kit(out: Path, *, node: str, config: Mapping[str, Any], files: Mapping
     Paths in `config` that name one of `files` are written relative to the kit, so it works wherever it is
     copied. The folder is 0700 and every file 0600; a file already there is replaced atomically.
     """
+    folder = inside(out, identifier(node, what="node id"), what="kit folder")
+    for name in files:
+        inside(folder, name, what="kit file")
     values = {"node_id": node, "cache_dir": "cache", **config}
-    names = write_kit_folder(out / node, {**files, KIT_CONFIG: to_toml(EDGE_LAYOUT, values).encode()})
+    names = write_kit_folder(folder, {**files, KIT_CONFIG: to_toml(EDGE_LAYOUT, values).encode()})
     return Kit(node=node, directory=out / node, files=names)
 
 
@@ -203,45 +208,116 @@ class InstallPlan:
 
 def plan_install(kit: Path, *, prefix: Path = Path("/"), executable: str | None = None,
                  user: str = SERVICE_USER) -> InstallPlan:
-    """What installing the kit at `kit` writes under `prefix`; reads the kit and validates its config."""
+    """What installing the kit at `kit` writes under `prefix`; reads the kit and validates its config.
+
+    A kit is self-contained: every file its config names must lie inside the kit folder (symbolic links
+    resolved), so a kit cannot make a root install copy ``/etc/shadow`` into the node's 0600 files. Trusted keys
+    go through the one trust-anchor parser (a private key is refused) and each keeps a file of its own (key
+    rotation: two keys named ``signer.pub`` in two folders both survive).
+    """
     config_file = kit / KIT_CONFIG
     if not config_file.is_file():
         raise EdgeConfigError(f"strata edge install: {kit} is not a kit (no {KIT_CONFIG}); make one with "
                               "`strata broker config --kits DIR` or `strata infra apply --kits DIR`")
     config: EdgeAgentConfig = load_layered(EDGE_LAYOUT, file=config_file, environ={}, flags={}).config
-    node = config.node_id
+    node = identifier(config.node_id, what="strata edge install: identity.node_id")
     etc, state = f"/etc/strata/{node}", f"/var/lib/strata/{node}"
+    etc_dir, state_dir = node_paths(prefix, node)
     files: list[PlannedFile] = []
     moved: dict[str, Any] = {}
+    taken = {KIT_CONFIG}
     for name in sorted(EDGE_LAYOUT.paths - {"cache_dir"}):
         value = getattr(config, name)
         if value is None:
             continue
         paths = value if isinstance(value, tuple) else (value,)
-        final = []
+        field = f"{EDGE_LAYOUT.group_of(name)}.{name}"
         for p in paths:
-            source = Path(p)
-            try:
-                data = source.read_bytes()
-            except OSError as exc:
-                raise EdgeConfigError(f"strata edge install: {EDGE_LAYOUT.group_of(name)}.{name} names {source}, "
-                                      f"which cannot be read: {exc.strerror or exc}") from None
-            target = f"{etc}/{source.name}"
-            files.append(PlannedFile(path=_under(prefix, target), mode=0o600, data=data,
-                                     secret=name in _SECRET_FIELDS))
-            final.append(target)
+            _inside_kit(kit, Path(p), field)
+        if name == "trust":  # the one trust-anchor parser; every key keeps a file of its own
+            found = trusted_key_files(paths, what=f"strata edge install: {field}", taken=taken)
+        else:
+            found = {}
+            for p in paths:
+                data = _read_kit_file(Path(p), field)
+                target = _unique(Path(p).name, taken)
+                taken.add(target)
+                found[target] = data
+        final = []
+        for target, data in found.items():
+            taken.add(target)
+            files.append(PlannedFile(path=inside(etc_dir, target, what="strata edge install"), mode=0o600,
+                                     data=data, secret=name in _SECRET_FIELDS))
+            final.append(f"{etc}/{target}")
         moved[name] = tuple(final) if isinstance(value, tuple) else final[0]
     values = {**read_config_file(EDGE_LAYOUT, config_file), **moved, "cache_dir": f"{state}/cache"}
     config_path = f"{etc}/{KIT_CONFIG}"
-    files.append(PlannedFile(path=_under(prefix, config_path), mode=0o600,
+    files.append(PlannedFile(path=inside(etc_dir, KIT_CONFIG, what="strata edge install"), mode=0o600,
                              data=to_toml(EDGE_LAYOUT, values).encode(), secret=False))
     unit = render_unit(node=node, config_path=config_path, state_dir=state,
                        executable=executable or strata_executable(), user=user)
-    files.append(PlannedFile(path=_under(prefix, f"/etc/systemd/system/{unit_name(node)}"), mode=0o644,
-                             data=unit.encode(), secret=False))
-    directories = ((_under(prefix, etc), 0o700), (_under(prefix, state), 0o700))
+    files.append(PlannedFile(path=unit_path(prefix, node), mode=0o644, data=unit.encode(), secret=False))
+    directories = ((etc_dir, 0o700), (state_dir, 0o700))
     return InstallPlan(node=node, config_path=config_path, state_dir=state, files=tuple(files),
                        directories=directories)
+
+
+MAX_KIT_FILE_BYTES = 1024 * 1024
+"""A file a kit names (password, certificate, key) above this size is refused unread."""
+
+
+def _inside_kit(kit: Path, path: Path, field: str) -> None:
+    if kit.resolve() not in path.resolve().parents:
+        raise EdgeConfigError(f"strata edge install: {field} names {shown(str(path))}, outside the kit {kit}; a kit "
+                              "holds every file it names (copy the file into the kit)")
+
+
+def _read_kit_file(path: Path, field: str) -> bytes:
+    try:
+        if not path.is_file():
+            raise EdgeConfigError(f"strata edge install: {field} names {shown(str(path))}, which is not a file")
+        with path.open("rb") as f:
+            data = f.read(MAX_KIT_FILE_BYTES + 1)
+    except OSError as exc:
+        raise EdgeConfigError(f"strata edge install: {field} names {shown(str(path))}, which cannot be read: "
+                              f"{exc.strerror or exc}") from None
+    if len(data) > MAX_KIT_FILE_BYTES:
+        raise EdgeConfigError(f"strata edge install: {field} names {shown(str(path))}, over "
+                              f"{MAX_KIT_FILE_BYTES:,} bytes; a kit file is a password, a certificate or a key")
+    return data
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    """`name`, or ``stem-2.suffix``, ``stem-3.suffix``... when a file of that name is already planned."""
+    if name not in taken and not name.startswith("."):
+        return name
+    stem, suffix = Path(name).stem.lstrip(".") or "file", Path(name).suffix
+    n = 2
+    while f"{stem}-{n}{suffix}" in taken:
+        n += 1
+    return f"{stem}-{n}{suffix}"
+
+
+def node_paths(prefix: Path, node: str) -> tuple[Path, Path]:
+    """``(PREFIX/etc/strata/NODE, PREFIX/var/lib/strata/NODE)``, each checked to stay inside its root.
+
+    Raises:
+        ConfigError: `node` is not an identifier, or a path would leave ``etc/strata`` or ``var/lib/strata``
+            under `prefix` (``..``, ``.``, a planted symbolic link).
+    """
+    node = identifier(node, what="node id")
+    paths = []
+    for root, what in (("etc/strata", "node config folder"), ("var/lib/strata", "node state folder")):
+        inside(prefix, *root.split("/"), node, what=what)  # a link planted under the prefix cannot lead out
+        paths.append(inside(prefix / root, node, what=what))
+    return paths[0], paths[1]
+
+
+def unit_path(prefix: Path, node: str) -> Path:
+    """``PREFIX/etc/systemd/system/strata-edge-NODE.service``, checked to stay inside that folder."""
+    unit = unit_name(identifier(node, what="node id"))
+    inside(prefix, "etc", "systemd", "system", unit, what="systemd unit")
+    return inside(prefix / "etc/systemd/system", unit, what="systemd unit")
 
 
 def _under(prefix: Path, path: str) -> Path:
@@ -310,11 +386,16 @@ def _systemctl(*args: str) -> None:
 
 def uninstall(node: str, *, prefix: Path = Path("/"), purge: bool = False,
               log: Callable[[str], None] = print) -> None:
-    """Stop and remove node `node`'s service and config; its state too with `purge`."""
+    """Stop and remove node `node`'s service and config; its state too with `purge`.
+
+    `node` must be an identifier and every path it builds must stay inside its root (``etc/strata``,
+    ``var/lib/strata``, ``etc/systemd/system`` under `prefix`), or nothing is touched.
+    """
+    node = identifier(node, what="strata edge uninstall: --node")
     unit = unit_name(node)
     real_root = prefix.resolve() == Path("/")
-    unit_file = _under(prefix, f"/etc/systemd/system/{unit}")
-    etc, state = _under(prefix, f"/etc/strata/{node}"), _under(prefix, f"/var/lib/strata/{node}")
+    etc, state = node_paths(prefix, node)
+    unit_file = unit_path(prefix, node)
     if not unit_file.exists() and not etc.exists():
         raise EdgeConfigError(f"strata edge uninstall: node {node!r} is not installed under {prefix} "
                               f"(no {unit_file}); `ls {_under(prefix, '/etc/strata')}` lists installed nodes")

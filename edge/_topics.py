@@ -40,6 +40,7 @@ import numpy as np
 
 from device import MqttTopicName, RolloutBatch, WireError, mqtt_topic, pack_arrays, unpack_arrays
 from device._mqtt_access import MQTT_PREFIX as PREFIX
+from device._names import IDENTIFIER_FORM, is_identifier, shown
 from edge._errors import EdgeConfigError, PayloadError
 
 QOS = 1
@@ -57,7 +58,6 @@ MAX_JSON_DEPTH = 8
 MAX_INT = 2**63 - 1
 """Integers in payloads are 64-bit: a bigger one is refused (float() of a 400-digit integer overflows)."""
 
-_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 NodeTopicKind = Literal["status", "telemetry", "experience", "control"]
 _NODE_KINDS: tuple[NodeTopicKind, ...] = ("status", "telemetry", "experience", "control")
@@ -68,12 +68,13 @@ CONTROL_COMMANDS: tuple[ControlCommand, ...] = ("status", "resync")
 
 
 def check_segment(value: str, what: str) -> str:
-    """Return `value` if it can be one topic segment (fleet, node or policy name); raise `EdgeConfigError`."""
-    if not isinstance(value, str) or not _SEGMENT.match(value):
-        raise EdgeConfigError(
-            f"{what} {value!r} cannot be an MQTT topic segment: use 1-64 characters of letters, digits, "
-            "'_', '.' or '-', starting with a letter or digit (no '/', '+', '#')"
-        )
+    """Return `value` if it follows the identifier rule (`device.identifier`); raise `EdgeConfigError`.
+
+    Fleet, node and policy names are topic segments and path components, so they follow the one rule.
+    """
+    if not is_identifier(value):
+        raise EdgeConfigError(f"{what} {shown(value)} cannot be an MQTT topic segment: use {IDENTIFIER_FORM} "
+                              "(no '/', '+', '#')")
     return value
 
 
@@ -228,7 +229,7 @@ class Announcement:
             chunks=_field(topic, obj, "chunks", int), bundle_id=_field(topic, obj, "bundle_id", str),
             published_at=float(_field(topic, obj, "published_at", (int, float))),
         )
-        if not _SEGMENT.match(ann.policy):
+        if not is_identifier(ann.policy):
             raise PayloadError(topic, f"policy name {ann.policy!r} is not a valid topic segment")
         if ann.version < 1 or ann.size < 1 or not _SHA256.match(ann.sha256):
             raise PayloadError(topic, f"version {ann.version}, size {ann.size} or sha256 {ann.sha256!r} is invalid")
@@ -399,6 +400,9 @@ class NodeStatus:
     """Mean return of the episodes in the latest telemetry record."""
     latency_p99_us: float | None = None
     last_record_id: int | None = None
+    cache_repairs: str | None = None
+    """What the node's policy cache found damaged since it started and how it fell back (kept after a later
+    successful update clears `last_error`)."""
 
     def encode(self) -> bytes:
         """JSON payload."""
@@ -419,7 +423,8 @@ class NodeStatus:
                    episodes=_field(topic, obj, "episodes", int, optional=True) or 0,
                    mean_return=_opt_float(topic, obj, "mean_return"),
                    latency_p99_us=_opt_float(topic, obj, "latency_p99_us"),
-                   last_record_id=_field(topic, obj, "last_record_id", int, optional=True))
+                   last_record_id=_field(topic, obj, "last_record_id", int, optional=True),
+                   cache_repairs=_field(topic, obj, "cache_repairs", str, optional=True))
 
 
 def _is_int(x: object) -> bool:

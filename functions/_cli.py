@@ -28,10 +28,12 @@ def _register_functions(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     serve.add_argument("--port", type=int, default=9001, help="TCP port; 0 picks a free one (default: %(default)s)")
     serve.add_argument("--function", action="append", default=[], metavar="NAME=HANDLER[,OPT=V...]",
                        help="a function to serve: NAME=module.handler with optional ,timeout=S ,memory=MB "
-                       ",concurrency=N ,versions=1+2 ,alias=NAME:VERSION (repeatable)")
+                       ",concurrency=N ,versions=1+2 ,alias=NAME:VERSION (a published version or $LATEST) "
+                       ",on-failure=SQS_QUEUE_ARN ,retries=N (0-2, for Event invocations) (repeatable)")
     serve.add_argument("--from-endpoint", metavar="URL", help="read a deployment back from this AWS endpoint "
                        "(provided by the infra tier)")
-    serve.add_argument("--stage", default="dev", help="deployment stage for --from-endpoint (default: %(default)s)")
+    serve.add_argument("--stage", default=None, help="deployment stage to serve, with --from-endpoint only "
+                       "(default: dev)")
     serve.add_argument("--throttle-rate", type=finite_float, default=0.0,
                        help="fault: fraction of invocations answered 429")
     serve.add_argument("--duplicate-rate", type=finite_float, default=0.0,
@@ -55,6 +57,8 @@ def _serve_functions(args: argparse.Namespace) -> int:
     import json
     import signal
 
+    from device._names import identifier, shown
+    from functions._errors import RuntimeConfigError
     from functions._runtime import (
         DEFAULT_FUNCTIONS,
         FaultConfig,
@@ -66,19 +70,32 @@ def _serve_functions(args: argparse.Namespace) -> int:
         parse_function_option,
     )
 
-    source: FunctionSource
-    if args.from_endpoint:
-        source = endpoint_source(args.from_endpoint, args.stage)
-    else:
-        specs = [parse_function_option(text) for text in args.function] or list(DEFAULT_FUNCTIONS)
-        source = SourceTreeFunctions(specs)
+    # Everything is checked before anything is read or started. Options that would do nothing in this
+    # combination are refused, not ignored.
+    if args.stage is not None and not args.from_endpoint:
+        raise RuntimeConfigError(f"--stage {shown(args.stage)} names a deployed stage and does nothing without "
+                                 "--from-endpoint URL; drop it, or add --from-endpoint")
+    if args.function and args.from_endpoint:
+        raise RuntimeConfigError(f"--function {shown(args.function[0])} does nothing with --from-endpoint, which "
+                                 "serves the stage's deployed functions; drop one of them")
+    stage = identifier("dev" if args.stage is None else args.stage, what="--stage")
     faults = FaultConfig(throttle_rate=args.throttle_rate, duplicate_rate=args.duplicate_rate,
                          cold_start_delay_s=args.cold_start_delay, crash_rate=args.crash_rate,
                          service_error_rate=args.service_error_rate)
     config = RuntimeConfig(host=args.host, port=args.port, enforce_memory=not args.no_memory_limit,
                            account_concurrency=args.account_concurrency, idle_timeout_s=args.idle_timeout)
+    source: FunctionSource
+    if args.from_endpoint:
+        source = endpoint_source(args.from_endpoint, stage)
+    else:
+        specs = [parse_function_option(text) for text in args.function] or list(DEFAULT_FUNCTIONS)
+        source = SourceTreeFunctions(specs)
     try:
         names = source.names()  # a dead endpoint fails here, as one error line
+        if not names:  # a stage that is not deployed there (a typo, another account or region)
+            raise RuntimeConfigError(f"functions serve --from-endpoint {shown(args.from_endpoint)}: stage "
+                                     f"{shown(stage)} has no functions there; deploy it with `strata infra apply "
+                                     f"--stage {stage}`, or check --stage and the endpoint")
         runtime = LocalRuntime(source, config=config, faults=faults)
         runtime.start()
         signal.signal(signal.SIGTERM, lambda signum, frame: runtime.request_stop())

@@ -188,23 +188,18 @@ def sample_from_logits(executor: Any, seeds: tuple[int, ...], *, salt: int = 0) 
 def _verifier() -> Any:
     if _verifier_cache:
         return _verifier_cache[0]
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-    from cryptography.hazmat.primitives.serialization import load_pem_public_key
-
-    from device import PublicKey, TrustStore, Verifier, load_public_key
+    from device import KeyFileError, PublicKey, TrustStore, Verifier, load_public_key
+    from device._keys import parse_public_keys
 
     keys: list[PublicKey] = []
     pem = os.environ.get("STRATA_TRUSTED_KEYS", "")
-    marker = "-----END PUBLIC KEY-----"
-    for block in pem.split(marker):
-        if block.strip():
-            key = load_pem_public_key((block.strip() + "\n" + marker + "\n").encode())
-            if not isinstance(key, Ed25519PublicKey):
-                raise PolicyUnavailableError("rollout_handler: STRATA_TRUSTED_KEYS holds a non-Ed25519 key; "
-                                             "use the .pub file `strata keys` wrote")
-            keys.append(PublicKey(key))
-    for path in filter(None, os.environ.get("STRATA_TRUSTED_KEYS_PATH", "").split(os.pathsep)):
-        keys.append(load_public_key(path))
+    try:  # the one trust-anchor parser: Ed25519 public keys only, a private key refused
+        if pem.strip():
+            keys += parse_public_keys(pem, source="STRATA_TRUSTED_KEYS")
+        for path in filter(None, os.environ.get("STRATA_TRUSTED_KEYS_PATH", "").split(os.pathsep)):
+            keys.append(load_public_key(path))
+    except KeyFileError as exc:
+        raise PolicyUnavailableError(f"rollout_handler: {exc}") from None
     if not keys:
         raise PolicyUnavailableError("rollout_handler: no trusted signing key is configured, so no bundle can "
                                      "be verified; set STRATA_TRUSTED_KEYS (PEM) or STRATA_TRUSTED_KEYS_PATH in "

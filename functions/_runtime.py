@@ -4,9 +4,12 @@ Unmodified boto3 drives it (``endpoint_url=...`` or ``AWS_ENDPOINT_URL_LAMBDA``)
 invokes AWS Lambda invokes this. One request's life:
 
     POST /2015-03-31/functions/{name}/invocations
+      -> headers and name within the model's constraints    400 ValidationException (InvocationType, LogType,
+                                                           FunctionName, Qualifier)
       -> resolve name[:qualifier] (FunctionSource)         404 ResourceNotFoundException; a Qualifier that
                                                            disagrees with the name's: 400
       -> payload limits (6 MB sync, 1 MB async)            413 RequestEntityTooLargeException (what AWS sends)
+      -> JSON body, ClientContext (base64 JSON, 3583 B)    400 InvalidRequestContentException (never a 500)
       -> fault: throttle / service error                    429 TooManyRequestsException / 500 ServiceException
       -> DryRun: 204 | Event: queue, 202 | RequestResponse:
       -> take an idle warm worker of that version, or      429 when the function's concurrency is used up
@@ -26,9 +29,17 @@ enforced as an address-space limit (RLIMIT_AS = memory_mb + `RuntimeConfig.addre
 because CPython + numpy reserve several hundred MB of untouched virtual memory); Lambda limits
 resident memory, so this is looser.
 
+``InvokeWithResponseStream`` (``POST /2021-11-15/functions/{name}/response-streaming-invocations``) runs the
+same way and answers Lambda's event stream: the whole response as one ``PayloadChunk`` (as AWS does for a
+function that does not stream, which no Python runtime does), then ``InvokeComplete``; ``InvokeAsync``
+(``POST /2014-11-13/functions/{name}/invoke-async/``) is an Event invocation. Everything else (every write
+API) is a JSON ``UnknownOperationException``, never an HTML page.
+
 Event invocations are queued and run by the function's dispatcher threads, retried twice on a
-function error (as Lambda does), and may be delivered twice on purpose (`FaultConfig.duplicate_rate`):
-async invocation is at-least-once.
+function error (as Lambda does; a spec's ``async_retries`` overrides it), and may be delivered twice on
+purpose (`FaultConfig.duplicate_rate`): async invocation is at-least-once. One whose retries are spent goes,
+as Lambda's destination record, to the function's on-failure SQS queue (``FunctionSpec.on_failure``,
+`functions._destinations`).
 
 Functions come from a `FunctionSource`: `SourceTreeFunctions` serves handlers importable from the
 source tree. Reading a deployment back from an AWS endpoint (GetFunction + the code zip) is the
@@ -40,6 +51,7 @@ from __future__ import annotations
 import base64
 import collections
 import contextlib
+import dataclasses
 import enum
 import json
 import os
@@ -60,20 +72,35 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlparse
 
+from device._names import shown
 from functions._errors import RuntimeConfigError
+from functions._eventstream import stream_event
 from functions._lambda_api import (
-    FUNCTIONS_PATH,
+    INVOCATION_TYPES,
+    LOG_TYPES,
+    MAX_RETRY_ATTEMPTS,
+    STREAM_INVOCATION_TYPES,
+    Account,
     ApiError,
     FunctionSpec,
+    check_enum,
+    decode_client_context,
     function_arn,
     handle_get,
+    invalid_content,
     not_found,
+    parse_payload,
     split_qualifier,
+    unknown_operation,
 )
 from functions._lifetime import PARENT_ENV
 
 SYNC_PAYLOAD_LIMIT = 6 * 1024 * 1024
 ASYNC_PAYLOAD_LIMIT = 1024 * 1024
+STREAM_RESPONSE_LIMIT = 20 * 1024 * 1024
+"""A streamed response may be larger than a buffered one (Lambda's soft limit is 20 MB)."""
+_STREAM_PREFIX = "/2021-11-15/functions/"
+_ASYNC_PREFIX = "/2014-11-13/functions/"
 LOG_TAIL_BYTES = 4096
 INIT_TIMEOUT_S = 10.0
 _INVOKE_PREFIX = "/2015-03-31/functions/"
@@ -132,6 +159,21 @@ class RuntimeConfig:
     idle_timeout_s: float = 900.0
     """A warm worker idle for longer is stopped, like a reclaimed Lambda environment (checked on the next
     invocation of its function)."""
+
+    def __post_init__(self) -> None:
+        if self.account_concurrency < 1:
+            raise RuntimeConfigError(f"RuntimeConfig: account_concurrency must be 1 or more (every invocation "
+                                     f"would be throttled), got {self.account_concurrency}; pass "
+                                     "--account-concurrency N with N >= 1")
+        if not 0 <= self.port <= 65535:
+            raise RuntimeConfigError(f"RuntimeConfig: port must be in [0, 65535] (0 picks a free one), got {self.port}")
+        if not 0 <= self.async_retries <= MAX_RETRY_ATTEMPTS:
+            raise RuntimeConfigError(f"RuntimeConfig: async_retries must be 0, 1 or 2 (Lambda's "
+                                     f"MaximumRetryAttempts), got {self.async_retries}")
+        if self.async_retry_delay_s < 0 or self.idle_timeout_s <= 0 or self.address_space_slack_mb < 0:
+            raise RuntimeConfigError(f"RuntimeConfig: async_retry_delay_s ({self.async_retry_delay_s}) and "
+                                     f"address_space_slack_mb ({self.address_space_slack_mb}) must be >= 0 and "
+                                     f"idle_timeout_s ({self.idle_timeout_s}) > 0")
 
 
 class FunctionSource(Protocol):
@@ -201,15 +243,17 @@ DEFAULT_FUNCTIONS = (
 
 
 def parse_function_option(text: str) -> FunctionSpec:
-    """Parse ``NAME=module.handler[,timeout=S][,memory=MB][,concurrency=N][,versions=1+2][,alias=A:V]``.
+    """Parse ``NAME=module.handler[,timeout=S][,memory=MB][,concurrency=N][,versions=1+2][,alias=A:V]...``.
+
+    Also ``on-failure=ARN`` (the SQS queue failed Event invocations go to) and ``retries=N`` (0-2).
 
     Raises:
         RuntimeConfigError: the text does not have that form.
     """
     name, sep, rest = text.partition("=")
     if not sep or not name or not rest:
-        raise RuntimeConfigError(f"--function {text!r}: expected NAME=module.handler[,timeout=S,memory=MB,"
-                                 "concurrency=N,versions=1+2,alias=NAME:VERSION]")
+        raise RuntimeConfigError(f"--function {shown(text)}: expected NAME=module.handler[,timeout=S,memory=MB,"
+                                 "concurrency=N,versions=1+2,alias=NAME:VERSION,on-failure=ARN,retries=N]")
     handler, *options = rest.split(",")
     kwargs: dict[str, Any] = {}
     aliases: dict[str, str] = {}
@@ -227,14 +271,18 @@ def parse_function_option(text: str) -> FunctionSpec:
             elif key == "alias":
                 alias, _, version = value.partition(":")
                 aliases[alias] = version
+            elif key == "on-failure":
+                kwargs["on_failure"] = value
+            elif key == "retries":
+                kwargs["async_retries"] = int(value)
             else:
-                raise RuntimeConfigError(f"--function {text!r}: unknown option {key!r}; use timeout, memory, "
-                                         "concurrency, versions or alias")
+                raise RuntimeConfigError(f"--function {shown(text)}: unknown option {shown(key)}; use timeout, "
+                                         "memory, concurrency, versions, alias, on-failure or retries")
     except ValueError as exc:
         if isinstance(exc, RuntimeConfigError):
             raise
-        raise RuntimeConfigError(f"--function {text!r}: {exc}; numbers are expected for timeout, memory and "
-                                 "concurrency") from exc
+        raise RuntimeConfigError(f"--function {shown(text)}: {exc}; numbers are expected for timeout, memory, "
+                                 "concurrency and retries") from exc
     return FunctionSpec(name=name, handler=handler, aliases=aliases, **kwargs)
 
 
@@ -568,6 +616,10 @@ class FunctionStats:
     errors: int = 0
     async_deliveries: int = 0
     duplicates_injected: int = 0
+    async_failures: int = 0
+    """Event invocations whose retries were spent (each sent to the on-failure queue when there is one)."""
+    destination_errors: int = 0
+    """Destination records that could not be sent (the queue unreachable); each is also printed to stderr."""
 
 
 class _Throttled(Exception):
@@ -769,8 +821,8 @@ class LocalRuntime:
             return rate > 0 and self._rng.random() < rate
 
     def enqueue_async(self, spec: FunctionSpec, version: str, payload: bytes, client_context: str | None,
-                      qualifier: str | None = None) -> None:
-        """Queue an Event invocation (and, by `FaultConfig.duplicate_rate`, a duplicate of it)."""
+                      qualifier: str | None = None) -> str:
+        """Queue an Event invocation (and, by `FaultConfig.duplicate_rate`, a duplicate of it); return its id."""
         with self._lock:
             q = self._async.get(spec.name)
             if q is None:
@@ -780,8 +832,10 @@ class LocalRuntime:
                                      daemon=True).start()
         copies = 2 if self._roll(self.faults.duplicate_rate) else 1
         self._count(spec.name, "duplicates_injected", copies - 1)
+        event = _Invocation(spec, version, payload, client_context, qualifier)
         for _ in range(copies):
-            q.put((_Invocation(spec, version, payload, client_context, qualifier), 0))
+            q.put((event, 0))
+        return event.request_id
 
     def _dispatch(self, name: str, q: queue.Queue[tuple[_Invocation, int] | None]) -> None:
         while not self._closed:
@@ -796,9 +850,32 @@ class LocalRuntime:
             except _Throttled:
                 return  # the runtime is shutting down
             self._count(name, "async_deliveries")
-            if outcome.error_type is not None and attempt < self.config.async_retries:
+            if outcome.error_type is None:
+                continue
+            retries = self.config.async_retries if template.spec.async_retries is None else template.spec.async_retries
+            if attempt < retries:
                 time.sleep(self.config.async_retry_delay_s * (attempt + 1))
                 q.put((template, attempt + 1))
+            else:
+                self._count(name, "async_failures")
+                if template.spec.on_failure:
+                    self._send_failure(template, outcome, attempt + 1)
+
+    def _send_failure(self, event: _Invocation, outcome: _Outcome, attempts: int) -> None:
+        """Send the destination record of an Event invocation whose retries are spent to its on-failure queue."""
+        from functions._destinations import failure_record, send_to_queue
+
+        record = failure_record(request_id=event.request_id, function_arn=function_arn(
+            self.config.region, event.spec.name, event.qualifier or event.version), attempts=attempts,
+            payload=event.payload, executed_version=event.version, function_error=outcome.error_type or "Unhandled",
+            response=outcome.body)
+        try:
+            send_to_queue(event.spec.on_failure, record, region=self.config.region)
+        except Exception as exc:  # the queue or its endpoint is gone: count it, say it, keep serving
+            self._count(event.spec.name, "destination_errors")
+            print(f"strata functions: could not send the failure record of {event.spec.name} request "
+                  f"{event.request_id} to {event.spec.on_failure}: {type(exc).__name__}: {exc}", file=sys.stderr,
+                  flush=True)
 
     def request_stop(self) -> None:
         """Ask `serve_forever` to return (safe from a signal handler)."""
@@ -813,35 +890,36 @@ class LocalRuntime:
             self.stop()
 
     # -- the HTTP API --
-    def handle_invoke(self, function: str, query: Mapping[str, list[str]], headers: Mapping[str, str],
-                      payload: bytes) -> tuple[int, bytes, dict[str, str]]:
-        """Answer one Invoke request: ``(status, body, headers)`` (raises `_ApiError` for AWS error shapes)."""
+    @property
+    def account(self) -> Account:
+        """What the read operations report of the runtime itself."""
+        return Account(region=self.config.region, concurrency=self.config.account_concurrency,
+                       async_retries=self.config.async_retries)
+
+    def _resolve(self, function: str, query: Mapping[str, list[str]]) -> tuple[FunctionSpec, str, str | None]:
+        """``(spec, version, qualifier)`` of an invocation's target; raises Lambda's 400 / 404."""
         name, qualifier = split_qualifier(function, query)
         latest = self.functions.get(name)
         version = latest.resolve(qualifier) if latest is not None else None
         spec = latest if version == "$LATEST" else (
             self.functions.version_spec(name, version) if version is not None else None)
-        if spec is None or version is None:
+        if spec is None or version is None or latest is None:
             raise not_found(self.config.region, name, qualifier)
-        invocation_type = headers.get("x-amz-invocation-type", "RequestResponse")
-        if invocation_type not in ("RequestResponse", "Event", "DryRun"):
-            raise _ApiError(400, "InvalidParameterValueException",
-                            {"Type": "User", "message": f"Unsupported invocation type {invocation_type}"})
-        limit = ASYNC_PAYLOAD_LIMIT if invocation_type == "Event" else SYNC_PAYLOAD_LIMIT
+        if (spec.on_failure, spec.async_retries) != (latest.on_failure, latest.async_retries):
+            # One event-invoke config per function here (Lambda keeps one per qualifier): every version and
+            # alias fails over to the function's queue.
+            spec = dataclasses.replace(spec, on_failure=latest.on_failure, async_retries=latest.async_retries)
+        return spec, version, qualifier
+
+    def _admit(self, name: str, payload: bytes, limit: int) -> bytes:
+        """The payload checks and injected faults every invocation passes before it runs."""
         if len(payload) > limit:
             # AWS answers an oversized Invoke with this code (not the modelled RequestTooLargeException), so
             # callers must catch it by code or by the 413 status; infra.aws.LambdaInvoker does both.
             raise _ApiError(413, "RequestEntityTooLargeException", {
                 "Type": "User", "message": f"Request must be smaller than {limit} bytes for the InvokeFunction "
                                            "operation"})
-        if payload:
-            try:
-                json.loads(payload)
-            except ValueError as exc:
-                raise _ApiError(400, "InvalidRequestContentException", {
-                    "Type": "User", "message": f"Could not parse request body into json: {exc}"}) from exc
-        else:
-            payload = b"{}"
+        payload = parse_payload(payload)
         if self._roll(self.faults.throttle_rate):
             self._count(name, "throttles")
             raise _ApiError(429, "TooManyRequestsException", {
@@ -849,20 +927,34 @@ class LocalRuntime:
                 {"Retry-After": "1"})
         if self._roll(self.faults.service_error_rate):
             raise _ApiError(500, "ServiceException", {"Type": "Service", "Message": "injected service error"})
-        client_context = headers.get("x-amz-client-context")
-        if client_context:
-            client_context = base64.b64decode(client_context).decode("utf-8", errors="replace")
-        if invocation_type == "DryRun":
-            return 204, b"", {}
-        if invocation_type == "Event":
-            self.enqueue_async(spec, version, payload, client_context, qualifier)
-            return 202, b"", {}
+        return payload
+
+    def _run_sync(self, spec: FunctionSpec, version: str, payload: bytes, client_context: str | None,
+                  qualifier: str | None) -> tuple[_Outcome, bytes]:
         try:
             outcome, _, logs = self.run(spec, version, payload, client_context=client_context, qualifier=qualifier)
         except _Throttled as exc:
-            self._count(name, "throttles")
+            self._count(spec.name, "throttles")
             raise _ApiError(429, "TooManyRequestsException", {
                 "Type": "User", "message": "Rate Exceeded.", "Reason": exc.reason}, {"Retry-After": "1"}) from exc
+        return outcome, logs
+
+    def handle_invoke(self, function: str, query: Mapping[str, list[str]], headers: Mapping[str, str],
+                      payload: bytes) -> tuple[int, bytes, dict[str, str]]:
+        """Answer one Invoke request: ``(status, body, headers)`` (raises `_ApiError` for AWS error shapes)."""
+        invocation_type = check_enum("invocationType", headers.get("x-amz-invocation-type", "RequestResponse"),
+                                     INVOCATION_TYPES)
+        log_type = check_enum("logType", headers.get("x-amz-log-type", "None"), LOG_TYPES)
+        spec, version, qualifier = self._resolve(function, query)
+        payload = self._admit(spec.name, payload, ASYNC_PAYLOAD_LIMIT if invocation_type == "Event"
+                              else SYNC_PAYLOAD_LIMIT)
+        client_context = decode_client_context(headers.get("x-amz-client-context"))
+        if invocation_type == "DryRun":
+            return 204, b"", {}
+        if invocation_type == "Event":
+            request_id = self.enqueue_async(spec, version, payload, client_context, qualifier)
+            return 202, b"", {"x-amzn-RequestId": request_id}
+        outcome, logs = self._run_sync(spec, version, payload, client_context, qualifier)
         body, error_type = outcome.body, outcome.error_type
         if len(body) > SYNC_PAYLOAD_LIMIT:
             body = _error_body(f"Response payload size ({len(body)} bytes) exceeded maximum allowed payload size "
@@ -871,9 +963,49 @@ class LocalRuntime:
         out = {"X-Amz-Executed-Version": version, "Content-Type": "application/json"}
         if error_type is not None:
             out["X-Amz-Function-Error"] = error_type
-        if headers.get("x-amz-log-type") == "Tail":
+        if log_type == "Tail":
             out["X-Amz-Log-Result"] = base64.b64encode(logs[-LOG_TAIL_BYTES:]).decode("ascii")
         return 200, body, out
+
+    def handle_invoke_stream(self, function: str, query: Mapping[str, list[str]], headers: Mapping[str, str],
+                             payload: bytes) -> tuple[int, bytes, dict[str, str]]:
+        """Answer one InvokeWithResponseStream: the response as one ``PayloadChunk``, then ``InvokeComplete``.
+
+        A Python handler returns its whole result, so there is nothing to stream as it is made; this is what AWS
+        answers for a function that does not stream its response (every Python runtime).
+        """
+        invocation_type = check_enum("invocationType", headers.get("x-amz-invocation-type", "RequestResponse"),
+                                     STREAM_INVOCATION_TYPES)
+        log_type = check_enum("logType", headers.get("x-amz-log-type", "None"), LOG_TYPES)
+        spec, version, qualifier = self._resolve(function, query)
+        payload = self._admit(spec.name, payload, SYNC_PAYLOAD_LIMIT)
+        client_context = decode_client_context(headers.get("x-amz-client-context"))
+        if invocation_type == "DryRun":
+            return 204, b"", {}
+        outcome, logs = self._run_sync(spec, version, payload, client_context, qualifier)
+        body, error_type = outcome.body, outcome.error_type
+        if len(body) > STREAM_RESPONSE_LIMIT:
+            body = _error_body(f"Response payload size ({len(body)} bytes) exceeded maximum allowed payload size "
+                               f"({STREAM_RESPONSE_LIMIT} bytes).", "Function.ResponseSizeTooLarge")
+            error_type = "Unhandled"
+        complete: dict[str, str] = {}
+        if error_type is not None:
+            complete["ErrorCode"] = error_type
+            complete["ErrorDetails"] = body.decode("utf-8", errors="replace")
+        if log_type == "Tail":
+            complete["LogResult"] = base64.b64encode(logs[-LOG_TAIL_BYTES:]).decode("ascii")
+        stream = stream_event("PayloadChunk", body) + stream_event(
+            "InvokeComplete", json.dumps(complete).encode(), content_type="application/json")
+        return 200, stream, {"X-Amz-Executed-Version": version,
+                             "Content-Type": "application/vnd.amazon.eventstream"}
+
+    def handle_invoke_async(self, function: str, payload: bytes) -> tuple[int, bytes, dict[str, str]]:
+        """Answer the deprecated InvokeAsync: an Event invocation of ``$LATEST`` (or the name's qualifier)."""
+        spec, version, qualifier = self._resolve(function, {})
+        payload = self._admit(spec.name, payload, ASYNC_PAYLOAD_LIMIT)
+        request_id = self.enqueue_async(spec, version, payload, None, qualifier)
+        return 202, json.dumps({"Status": 202}).encode(), {"Content-Type": "application/json",
+                                                            "x-amzn-RequestId": request_id}
 
 
 def _make_api_handler(runtime: LocalRuntime) -> type[BaseHTTPRequestHandler]:
@@ -887,10 +1019,43 @@ def _make_api_handler(runtime: LocalRuntime) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-        def _error(self, exc: _ApiError) -> None:
+        def _error(self, exc: _ApiError, *, body: bool = True) -> None:
             headers = {"x-amzn-ErrorType": exc.error_type, "Content-Type": "application/json",
                        "x-amzn-RequestId": str(uuid.uuid4()), **exc.headers}
-            _write_response(self, exc.status, json.dumps(exc.body).encode(), headers)
+            _write_response(self, exc.status, json.dumps(exc.body).encode() if body else b"", headers)
+
+        def _answer(self, call: Callable[[], tuple[int, bytes, dict[str, str]]]) -> None:
+            """Write what `call` answers; AWS's error shape for an `ApiError`, Lambda's 500 for anything else."""
+            try:
+                status, body, out = call()
+            except _ApiError as exc:
+                self._error(exc)
+                return
+            except Exception as exc:  # a runtime bug, a worker that cannot start, a source that cannot be read
+                self._error(_ApiError(500, "ServiceException", {
+                    "Type": "Service", "Message": f"local runtime failed: {type(exc).__name__}: {exc}"}))
+                return
+            _write_response(self, status, body, {"x-amzn-RequestId": str(uuid.uuid4()), **out})
+
+        def _drain(self) -> bytes:
+            """The request body; one over the sync limit is read in chunks and dropped, as ``limit + 1`` bytes.
+
+            The client sends the whole body before it reads the 413.
+            """
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if length < 0:  # the body's end is unknown: answer, and close rather than misread what follows
+                self.close_connection = True
+                raise invalid_content(f"Content-Length {shown(self.headers.get('Content-Length'))} is not a "
+                                      "number of bytes")
+            if length <= SYNC_PAYLOAD_LIMIT:
+                return self.rfile.read(length)
+            left = length
+            while left > 0:
+                left -= len(self.rfile.read(min(left, 1 << 20))) or left
+            return b"\0" * (SYNC_PAYLOAD_LIMIT + 1)
 
         def do_GET(self) -> None:
             if self.path == "/health":
@@ -898,49 +1063,58 @@ def _make_api_handler(runtime: LocalRuntime) -> type[BaseHTTPRequestHandler]:
                                 {"Content-Type": "application/json"})
                 return
             url = urlparse(self.path)
-            if url.path.startswith(FUNCTIONS_PATH):
-                try:
-                    body = handle_get(runtime.functions, runtime.config.region, url.path, parse_qs(url.query))
-                except _ApiError as exc:
-                    self._error(exc)
-                    return
-                except Exception as exc:  # a source that cannot be read (an endpoint gone away): Lambda's 500
-                    self._error(_ApiError(500, "ServiceException", {
-                        "Type": "Service", "Message": f"local runtime failed: {type(exc).__name__}: {exc}"}))
-                    return
-                _write_response(self, 200, json.dumps(body).encode(), {
-                    "Content-Type": "application/json", "x-amzn-RequestId": str(uuid.uuid4())})
-                return
-            self._error(_ApiError(404, "UnknownOperationException", {"Type": "User", "message": "Unknown operation"}))
+
+            def read() -> tuple[int, bytes, dict[str, str]]:
+                body = handle_get(runtime.functions, runtime.account, url.path, parse_qs(url.query))
+                return 200, json.dumps(body).encode(), {"Content-Type": "application/json"}
+
+            self._answer(read)
+
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            """Answer http.server's own refusals in AWS's JSON shape rather than its HTML page, then close.
+
+            They are a header line over 64 KB, a garbled request line and a method with no ``do_*``.
+            """
+            self.close_connection = True
+            if code == 501:  # a method http.server has no do_* for
+                method, path = str(getattr(self, "command", "") or "?"), str(getattr(self, "path", ""))
+                exc = unknown_operation(method, urlparse(path).path)
+            else:
+                exc = invalid_content(f"the request could not be read: {message or code}")
+            self._error(_ApiError(exc.status, exc.error_type, exc.body, {**exc.headers, "Connection": "close"}))
 
         def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            url = urlparse(self.path)
-            if not (url.path.startswith(_INVOKE_PREFIX) and url.path.endswith("/invocations")):
-                self.rfile.read(length)
-                self._error(_ApiError(404, "UnknownOperationException", {"Type": "User",
-                                                                          "message": "Unknown operation"}))
-                return
-            if length > SYNC_PAYLOAD_LIMIT:
-                # Read and drop an oversized body in chunks (the client sends it all before reading the 413).
-                left = length
-                while left > 0:
-                    left -= len(self.rfile.read(min(left, 1 << 20))) or left
-                payload = b"\0" * (SYNC_PAYLOAD_LIMIT + 1)
-            else:
-                payload = self.rfile.read(length)
-            function = url.path[len(_INVOKE_PREFIX):-len("/invocations")]
-            headers = {k.lower(): v for k, v in self.headers.items()}
             try:
-                status, body, out = runtime.handle_invoke(function, parse_qs(url.query), headers, payload)
+                payload = self._drain()
             except _ApiError as exc:
                 self._error(exc)
                 return
-            except Exception as exc:  # a runtime bug or a worker that cannot start: Lambda's 500, not a hang-up
-                self._error(_ApiError(500, "ServiceException", {
-                    "Type": "Service", "Message": f"local runtime failed: {type(exc).__name__}: {exc}"}))
-                return
-            out["x-amzn-RequestId"] = str(uuid.uuid4())
-            _write_response(self, status, body, out)
+            url = urlparse(self.path)
+            query = parse_qs(url.query)
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            path = url.path
+            if path.startswith(_INVOKE_PREFIX) and path.endswith("/invocations"):
+                function = path[len(_INVOKE_PREFIX):-len("/invocations")]
+                self._answer(lambda: runtime.handle_invoke(function, query, headers, payload))
+            elif path.startswith(_STREAM_PREFIX) and path.endswith("/response-streaming-invocations"):
+                function = path[len(_STREAM_PREFIX):-len("/response-streaming-invocations")]
+                self._answer(lambda: runtime.handle_invoke_stream(function, query, headers, payload))
+            elif path.startswith(_ASYNC_PREFIX) and path.rstrip("/").endswith("/invoke-async"):
+                function = path.rstrip("/")[len(_ASYNC_PREFIX):-len("/invoke-async")]
+                self._answer(lambda: runtime.handle_invoke_async(function, payload))
+            else:
+                self._error(unknown_operation("POST", path))
+
+        def _unknown(self) -> None:
+            with contextlib.suppress(_ApiError):  # an unreadable body: the connection closes after this answer
+                self._drain()
+            self._error(unknown_operation(self.command, urlparse(self.path).path))
+
+        # Every write API (CreateFunction is a POST, answered above), and any other method: AWS's JSON refusal
+        # of an unknown operation, not http.server's HTML 501 page.
+        do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _unknown
+
+        def do_HEAD(self) -> None:
+            self._error(unknown_operation("HEAD", urlparse(self.path).path), body=False)
 
     return Api

@@ -2,7 +2,8 @@
 
 AWS credentials and endpoints come from the standard chain (environment, config files, instance role)
 and the ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_<SERVICE>`` variables; nothing here reads them.
-Flags not given on the command line default to what the stage's last apply recorded.
+Flags not given on the command line default to what the stage's last apply recorded. Every command that
+talks to AWS first prints one line naming the region it acts in and why (`_region`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             add_config_arguments(p, DeployConfig)
         else:
             p.add_argument("--stage", required=True, help="stage name")
-            p.add_argument("--region", default=None, help="AWS region (default: the standard chain)")
+            p.add_argument("--region", default=None, help="AWS region (default: where the stage is deployed, "
+                           "else AWS_REGION / AWS_DEFAULT_REGION / the profile's; printed with the reason)")
 
     plan = cmds.add_parser("plan", help="print what apply would change (read-only)",
                            description="Compare the desired deployment with the recorded state and the live "
@@ -58,8 +60,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="also write a provisioning kit per edge node into KITS/<node>/ (edge.toml for "
                        "mqtts://ENDPOINT:8883, the thing's certificate and key, the Amazon root CA, the trusted key; "
                        "files 0600) for `strata edge install --kit`")
-    apply.add_argument("--trust", default=None, type=Path,
-                       help="public signing key the nodes trust (strata-signing.pub); needed with --kits")
+    apply.add_argument("--trust", default=None, type=Path, action="append", metavar="PUBFILE",
+                       help="public signing key the nodes trust (strata-signing.pub); needed with --kits; repeat it "
+                       "to trust the old and the new key while rotating (a private key is refused)")
     apply.set_defaults(func=_wrapped("apply", _apply))
 
     destroy = cmds.add_parser("destroy", help="delete every resource of the stage",
@@ -121,18 +124,44 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, f.name, None)
         if value is not None:
             given[f.name] = tuple(value) if isinstance(value, list) else value
-    key = given.get("trusted_public_key")
-    if key and "BEGIN" not in key and Path(key).expanduser().is_file():
-        given["trusted_public_key"] = Path(key).expanduser().read_text()
+    if given.get("trusted_public_key"):
+        from infra._models import trusted_key_pem
+
+        given["trusted_public_key"] = trusted_key_pem(given["trusted_public_key"])
     return given
 
 
-def _config(args: argparse.Namespace) -> Any:
+def _config(args: argparse.Namespace, verb: str) -> Any:
+    """The stage's config (recorded settings, then the flags), in the region `_region` announces."""
     from infra._deploy import recorded_config
+    from infra._models import check_stage
 
     overrides = _overrides(args)
-    stage = overrides.pop("stage", None) or "dev"
+    stage = overrides.pop("stage", None)
+    stage = check_stage("dev" if stage is None else stage)  # `--stage ''` is refused, never read as the default
+    overrides["region"] = _region(overrides.get("region"), Path(args.state_dir), stage, verb)
     return recorded_config(Path(args.state_dir), stage, **overrides)
+
+
+def _region(given: str | None, state_dir: Path, stage: str, verb: str) -> str:
+    """The region to act in (``--region``, else where the stage is deployed, else the standard chain), announced.
+
+    One line says where and why, e.g. ``infra: deploying stage 'dev' to us-east-1 (no --region, AWS_REGION or
+    profile region set)``: strata never picks a region silently.
+    """
+    from infra._state import StateStore
+    from infra.aws import resolve_region
+
+    store = StateStore(state_dir, stage)
+    recorded = store.load().region
+    if given:
+        region, why = given, "--region"
+    elif recorded:
+        region, why = recorded, f"where the stage's last apply deployed it, recorded in {store.path}"
+    else:
+        region, why = resolve_region(None)
+    print(f"infra: {verb.format(stage=repr(stage))} {region} ({why})", flush=True)
+    return region
 
 
 def _confirm(action: str, stage: str, yes: bool) -> None:
@@ -157,7 +186,7 @@ def _progress(step: Any) -> None:
 def _plan(args: argparse.Namespace) -> int:
     from infra._deploy import plan
 
-    print(plan(_config(args), state_dir=Path(args.state_dir)).render())
+    print(plan(_config(args, "planning stage {stage} in"), state_dir=Path(args.state_dir)).render())
     return 0
 
 
@@ -166,12 +195,20 @@ def _apply(args: argparse.Namespace) -> int:
     from infra._errors import DeployConfigError
     from infra._executor import DryRunExecutor
 
-    config = _config(args)
-    if args.kits is not None and (args.trust is None or args.dry_run or not config.edge_nodes):
-        why = ("needs --trust PUBKEY, the signing key the nodes trust" if args.trust is None
+    config = _config(args, "deploying stage {stage} to")
+    if args.kits is not None and (not args.trust or args.dry_run or not config.edge_nodes):
+        why = ("needs --trust PUBKEY, the signing key the nodes trust" if not args.trust
                else "writes files, which a --dry-run never does" if args.dry_run
                else "needs edge nodes: pass --edge-nodes n1,n2")
         raise DeployConfigError(f"strata infra apply: --kits {why}")
+    if args.kits is not None:  # refuse a private or malformed --trust before anything is deployed
+        from device import KeyFileError
+        from device._keys import trusted_key_files
+
+        try:
+            trusted_key_files(args.trust, what="--trust")
+        except KeyFileError as exc:
+            raise DeployConfigError(f"strata infra apply --kits: {exc}") from None
     executor = DryRunExecutor(sys.stdout) if args.dry_run else None
     the_plan = apply(config, state_dir=Path(args.state_dir), executor=executor, after_step=_progress,
                      before=lambda p: print(p.render(), flush=True))
@@ -192,8 +229,8 @@ def _destroy(args: argparse.Namespace) -> int:
     from infra._executor import DryRunExecutor
 
     state_dir = Path(args.state_dir)
-    overrides = {"region": args.region} if args.region else {}
-    config = recorded_config(state_dir, args.stage, **overrides)
+    region = _region(args.region, state_dir, args.stage, "destroying stage {stage} in")
+    config = recorded_config(state_dir, args.stage, region=region)
     the_plan = destroy_plan(args.stage, state_dir=state_dir, config=config)
     print(the_plan.render())
     if not the_plan.changes:
@@ -212,12 +249,14 @@ def _destroy(args: argparse.Namespace) -> int:
 
 def _rollback(args: argparse.Namespace) -> int:
     from infra._deploy import rollback, rollback_plan
+    from infra.aws import Clients
 
     state_dir = Path(args.state_dir)
-    the_plan = rollback_plan(args.stage, state_dir=state_dir)
+    aws = Clients(region=_region(args.region, state_dir, args.stage, "rolling back stage {stage} in"))
+    the_plan = rollback_plan(args.stage, state_dir=state_dir, aws=aws)
     print(the_plan.render())
     _confirm("rollback", args.stage, args.yes)
-    rollback(args.stage, state_dir=state_dir, after_step=_progress)
+    rollback(args.stage, state_dir=state_dir, aws=aws, after_step=_progress)
     print("rollback: done; the next `strata infra apply` moves the alias forward again")
     return 0
 

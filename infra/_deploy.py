@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from device._names import inside
 from infra._errors import StateError
 from infra._executor import AwsExecutor, Executor
 from infra._live import function_version_attributes, reader_for
@@ -35,11 +36,12 @@ from infra._models import (
     DeployConfig,
     Names,
     check_config,
+    check_stage,
     desired_resources,
 )
 from infra._package import build_dependencies, build_package, cached_dependencies, package_digest
 from infra._plan import FieldChange, Plan, Step, plan_apply, plan_destroy
-from infra._state import State, StateStore
+from infra._state import Record, State, StateStore
 from infra.aws import Clients, or_none
 
 AfterStep = Callable[[Step], None]
@@ -59,8 +61,8 @@ def config_from_dict(data: dict[str, Any], **overrides: Any) -> DeployConfig:
 
 
 def build_dir(state_dir: Path, stage: str) -> Path:
-    """Where a stage's built zips go."""
-    return state_dir / stage / "build"
+    """Where a stage's built zips go (inside `state_dir`, whatever `stage` holds)."""
+    return inside(state_dir, check_stage(stage), "build", what="build folder")
 
 
 def build_artifacts(config: DeployConfig, *, state_dir: Path) -> dict[str, Artifact]:
@@ -94,6 +96,19 @@ def _clients(config: DeployConfig, aws: Clients | None) -> Clients:
     return aws if aws is not None else Clients(region=config.region)
 
 
+def check_region(store: StateStore, state: State, aws: Clients) -> None:
+    """Refuse to act on a stage in another region than the one its state file says it is deployed in.
+
+    Raises:
+        StateError: the state records another region (the run would build a second copy of the stage there,
+            or miss every resource of it).
+    """
+    if state.region and state.region != aws.region:
+        raise StateError(f"stage {state.stage!r} is deployed in {state.region} ({store.path}), but this run "
+                         f"resolves region {aws.region} ({aws.region_reason}); pass --region {state.region}, "
+                         "or destroy the stage there before deploying it elsewhere")
+
+
 def plan(config: DeployConfig, *, state_dir: Path, aws: Clients | None = None,
          artifacts: dict[str, Artifact] | None = None) -> Plan:
     """The plan `apply` would carry out now. Read-only: nothing is built, written or changed in AWS.
@@ -106,7 +121,9 @@ def plan(config: DeployConfig, *, state_dir: Path, aws: Clients | None = None,
     """
     check_config(config)
     aws = _clients(config, aws)
-    state = StateStore(state_dir, config.stage).load()
+    store = StateStore(state_dir, config.stage)
+    state = store.load()
+    check_region(store, state, aws)
     account = aws.account_id()  # fails fast on missing credentials
     if artifacts is None:
         artifacts = planned_artifacts(config, state_dir=state_dir)
@@ -157,6 +174,7 @@ def apply(config: DeployConfig, *, state_dir: Path, aws: Clients | None = None, 
     store = StateStore(state_dir, config.stage)
     executor = executor or AwsExecutor(aws, state_dir=state_dir, stage=config.stage)
     check_config(config)
+    check_region(store, store.load(), aws)  # before a pip build, like the credentials below
     aws.account_id()  # fails fast on missing credentials, before a pip build
     # Building is apply's (plan and a dry run only read): the packages exist before any step needs them.
     artifacts = None if executor.dry_run else build_artifacts(config, state_dir=state_dir)
@@ -177,12 +195,15 @@ def recorded_config(state_dir: Path, stage: str, **overrides: Any) -> DeployConf
     return config_from_dict(state.config, **{"stage": stage, **overrides})
 
 
-def _discover(config: DeployConfig, aws: Clients) -> list[tuple[str, str]]:
+def _discover(config: DeployConfig, aws: Clients, state: State) -> list[Record]:
     """Resources of the stage found by exact name or tag, so destroy also removes what the state file lost.
 
     Never by a name prefix: ``strata-dev-`` also starts every name of stage ``dev-x``. What counts is the
     exact names `desired_resources` gives, the ``strata_stage`` attribute of IoT things (and the policy named
-    after each such thing), and the ``strata:stage`` tag of Lambda functions.
+    after each such thing), every certificate attached to such a thing, and the ``strata:stage`` tag of Lambda
+    functions. A certificate has no name: it is listed under its thing's name, as the state file records it
+    (``{thing}#{certificate id}`` for any further one), so a dry run shows every certificate the real destroy
+    deletes, with or without the state file.
     """
     found = [(r.kind, r.name) for r in desired_resources(config, account=aws.account_id(), region=aws.region,
                                                            artifacts=None) if r.kind != "iot_certificate"]
@@ -198,16 +219,32 @@ def _discover(config: DeployConfig, aws: Clients) -> list[tuple[str, str]]:
             got = or_none(lam.list_tags, Resource=fn["FunctionArn"]) or {}
             if all(got.get("Tags", {}).get(k) == v for k, v in tags.items()):
                 found.append(("lambda_function", fn["FunctionName"]))
-    return list(dict.fromkeys(found))
+    records = [Record(kind=kind, name=name, attributes={}, ids={}) for kind, name in dict.fromkeys(found)]
+    things = sorted({name for kind, name in found if kind == "iot_thing"}
+                    | {r.name for r in state.resources.values() if r.kind == "iot_thing"})
+    certificates = [r for r in state.resources.values() if r.kind == "iot_certificate"]
+    recorded = {str(r.ids.get("certificate_arn")) for r in certificates}
+    taken = {r.name for r in certificates}
+    for thing in things:
+        principals = or_none(iot.list_thing_principals, thingName=thing) or {}
+        for arn in sorted(p for p in principals.get("principals", []) if ":cert/" in p and p not in recorded):
+            cert_id = arn.rsplit("/", 1)[-1]
+            name = thing if thing not in taken else f"{thing}#{cert_id}"
+            taken.add(name)
+            records.append(Record(kind="iot_certificate", name=name, attributes={},
+                                  ids={"certificate_id": cert_id, "certificate_arn": arn}))
+    return records
 
 
 def destroy_plan(stage: str, *, state_dir: Path, aws: Clients | None = None,
                  config: DeployConfig | None = None) -> Plan:
-    """The plan that deletes everything of `stage` (recorded or found by name)."""
+    """The plan that deletes everything of `stage` (recorded or found by name): what `destroy` deletes."""
     config = config or recorded_config(state_dir, stage)
     aws = _clients(config, aws)
-    state = StateStore(state_dir, stage).load()
-    return plan_destroy(state, aws, _discover(config, aws))
+    store = StateStore(state_dir, stage)
+    state = store.load()
+    check_region(store, state, aws)
+    return plan_destroy(state, aws, _discover(config, aws, state))
 
 
 def destroy(stage: str, *, state_dir: Path, aws: Clients | None = None, config: DeployConfig | None = None,
@@ -222,7 +259,7 @@ def destroy(stage: str, *, state_dir: Path, aws: Clients | None = None, config: 
     execute(the_plan, executor, store, state, after_step=after_step)
     if not executor.dry_run:
         store.delete()
-        shutil.rmtree(state_dir / stage, ignore_errors=True)
+        shutil.rmtree(inside(state_dir, stage, what="stage folder"), ignore_errors=True)
     return the_plan
 
 
@@ -236,6 +273,7 @@ def rollback_plan(stage: str, *, state_dir: Path, aws: Clients | None = None) ->
     state = store.load()
     config = config_from_dict(state.config, stage=stage)
     aws = _clients(config, aws)
+    check_region(store, state, aws)
     aliases = [r for r in state.resources.values() if r.kind == "lambda_alias"]
     if not aliases:
         raise StateError(f"rollback: stage {stage!r} has no recorded aliases in {store.path}; run "

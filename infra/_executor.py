@@ -17,7 +17,19 @@ from typing import Any, Protocol, TextIO
 from infra._errors import AwsCallError, UnknownResourceKindError
 from infra._iot import credentials_path, remove_credentials, write_credentials
 from infra._live import function_version_attributes
-from infra._models import BUCKET_ENCRYPTION, RUNTIME, Alias, Bucket, Function, IotCertificate, IotPolicy, IotThing, Role
+from infra._models import (
+    BUCKET_ENCRYPTION,
+    RUNTIME,
+    Alias,
+    Bucket,
+    EventInvokeConfig,
+    Function,
+    IotCertificate,
+    IotPolicy,
+    IotThing,
+    Queue,
+    Role,
+)
 from infra._plan import Step
 from infra._state import Record
 from infra.aws import Clients, is_not_found, or_none, retry_while
@@ -173,6 +185,46 @@ def _delete_bucket(ex: AwsExecutor, step: Step) -> None:
     s3 = ex.aws.get("s3")
     empty_bucket(s3, step.name)
     or_none(s3.delete_bucket, Bucket=step.name)
+
+
+# -- SQS queue (failed asynchronous rollouts) --------------------------------------------------------
+
+
+def _queue_attributes(queue: Queue) -> dict[str, str]:
+    return {"MessageRetentionPeriod": str(queue.retention_s), "SqsManagedSseEnabled": "true"}
+
+
+def _queue_ids(ex: AwsExecutor, url: str) -> dict[str, Any]:
+    attrs = ex.aws.get("sqs").get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]
+    return {"url": url, "arn": attrs["QueueArn"]}
+
+
+def _create_queue(ex: AwsExecutor, step: Step) -> dict[str, Any]:
+    queue = step.resource
+    assert isinstance(queue, Queue)
+    url = ex.aws.get("sqs").create_queue(QueueName=queue.name, Attributes=_queue_attributes(queue),
+                                         tags=dict(queue.tags))["QueueUrl"]
+    return _queue_ids(ex, url)
+
+
+def _update_queue(ex: AwsExecutor, step: Step) -> dict[str, Any]:
+    queue = step.resource
+    assert isinstance(queue, Queue)
+    sqs = ex.aws.get("sqs")
+    url = sqs.get_queue_url(QueueName=queue.name)["QueueUrl"]
+    sqs.set_queue_attributes(QueueUrl=url, Attributes=_queue_attributes(queue))
+    sqs.tag_queue(QueueUrl=url, Tags=dict(queue.tags))
+    stale = _stale_tag_keys(step, queue.tags)
+    if stale:
+        sqs.untag_queue(QueueUrl=url, TagKeys=stale)
+    return _queue_ids(ex, url)
+
+
+def _delete_queue(ex: AwsExecutor, step: Step) -> None:
+    sqs = ex.aws.get("sqs")
+    got = or_none(sqs.get_queue_url, QueueName=step.name)
+    if got is not None:
+        or_none(sqs.delete_queue, QueueUrl=got["QueueUrl"])
 
 
 # -- IAM role ----------------------------------------------------------------------------------------
@@ -336,6 +388,30 @@ def _delete_alias(ex: AwsExecutor, step: Step) -> None:
     or_none(ex.aws.get("lambda").delete_alias, FunctionName=function, Name=alias)
 
 
+# -- asynchronous invocation of an alias: retries and the on-failure destination ----------------------
+
+
+def _put_event_invoke_config(ex: AwsExecutor, step: Step) -> dict[str, Any]:
+    config = step.resource
+    assert isinstance(config, EventInvokeConfig)
+    lam = ex.aws.get("lambda")
+    # Put replaces on AWS; moto appends and reads back the first one, so an old one is deleted first.
+    or_none(lam.delete_function_event_invoke_config, FunctionName=config.function, Qualifier=config.alias)
+    # The role's sqs:SendMessage grant may not have propagated yet (IAM is eventually consistent): Lambda
+    # refuses the destination until it has; the request changed nothing, so it is repeated.
+    got = retry_while(lam.put_function_event_invoke_config, codes=frozenset({"InvalidParameterValueException"}),
+                      message_part="permission", sleep=ex.aws.sleep, FunctionName=config.function,
+                      Qualifier=config.alias, MaximumRetryAttempts=config.max_retries,
+                      MaximumEventAgeInSeconds=config.max_event_age_s,
+                      DestinationConfig={"OnFailure": {"Destination": config.on_failure}})
+    return {"function_arn": got.get("FunctionArn", "")}
+
+
+def _delete_event_invoke_config(ex: AwsExecutor, step: Step) -> None:
+    function, alias = step.name.split(":", 1)
+    or_none(ex.aws.get("lambda").delete_function_event_invoke_config, FunctionName=function, Qualifier=alias)
+
+
 # -- IoT policy, thing and certificate ---------------------------------------------------------------
 
 
@@ -463,9 +539,12 @@ def _delete_iot_certificate(ex: AwsExecutor, step: Step) -> None:
 
 OPERATIONS: dict[str, _Ops] = {
     "s3_bucket": _Ops(_create_bucket, _update_bucket, _delete_bucket),
+    "sqs_queue": _Ops(_create_queue, _update_queue, _delete_queue),
     "iam_role": _Ops(_create_role, _update_role, _delete_role),
     "lambda_function": _Ops(_create_function, _update_function, _delete_function),
     "lambda_alias": _Ops(_point_alias, _point_alias, _delete_alias),
+    "lambda_event_invoke_config": _Ops(_put_event_invoke_config, _put_event_invoke_config,
+                                       _delete_event_invoke_config),
     "iot_policy": _Ops(_create_iot_policy, _update_iot_policy, _delete_iot_policy),
     "iot_thing": _Ops(_create_iot_thing, _update_iot_thing, _delete_iot_thing),
     "iot_certificate": _Ops(_create_iot_certificate, _update_iot_certificate, _delete_iot_certificate),

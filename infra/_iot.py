@@ -17,7 +17,8 @@ Two stages of one account must never share a topic or a client id, so a stage's 
 
 The credentials file (`write_credentials`) is what ``strata edge run`` reads to reach IoT Core over
 mutual TLS: JSON with the endpoint, port, client id, fleet, node, the certificate and private key PEMs,
-and the paths of the same PEMs written next to it (paho's ``tls_set`` takes file paths).
+and the names of the same PEMs written next to it (paho's ``tls_set`` takes file paths), relative to the
+credentials file's own folder, so the folder works wherever it is copied.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from device import MqttAccess, MqttRole, mqtt_client_id, mqtt_topic, write_atomic
+from device import MqttAccess, MqttRole, identifier, inside, mqtt_client_id, mqtt_topic, write_atomic
 from device._mqtt_access import MQTT_ACCESS
 
 CREDENTIALS_SCHEMA = 1
@@ -79,8 +80,9 @@ def policy_document(*, partition: str, region: str, account: str, fleet: str, no
 
 
 def credentials_path(state_dir: Path, stage: str, node: str) -> Path:
-    """Where the credentials file of `node` in `stage` lives."""
-    return state_dir / stage / "iot" / node / "credentials.json"
+    """Where the credentials file of `node` in `stage` lives (absolute, inside `state_dir`)."""
+    return inside(state_dir, identifier(stage, what="stage"), "iot", identifier(node, what="node"),
+                  "credentials.json", what="node credentials")
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -107,8 +109,8 @@ def write_credentials(path: Path, *, endpoint: str, client_id: str, fleet: str, 
         "certificate_arn": certificate_arn,
         "certificate_pem": certificate_pem,
         "private_key_pem": private_key_pem,
-        "certificate_file": str(cert_path),
-        "private_key_file": str(key_path),
+        "certificate_file": cert_path.name,  # relative to this file's folder: the folder travels to the node
+        "private_key_file": key_path.name,
         "ca_url": AMAZON_ROOT_CA_URL,
     }
     _write_private(path, json.dumps(payload, indent=2) + "\n")

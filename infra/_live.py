@@ -56,6 +56,21 @@ def read_bucket(aws: Clients, name: str, record: Record | None) -> Live | None:
                 ids={"arn": f"arn:aws:s3:::{name}"})
 
 
+def read_queue(aws: Clients, name: str, record: Record | None) -> Live | None:
+    """The queue's retention, encryption and tags."""
+    sqs = aws.get("sqs")
+    got = or_none(sqs.get_queue_url, QueueName=name)
+    if got is None:
+        return None
+    url = got["QueueUrl"]
+    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"]).get("Attributes", {})
+    tags = sqs.list_queue_tags(QueueUrl=url).get("Tags", {})
+    encrypted = str(attrs.get("SqsManagedSseEnabled", "false")).lower() == "true"
+    return Live(attributes={"retention_s": int(attrs.get("MessageRetentionPeriod", 0)),
+                            "encryption": "SQS-SSE" if encrypted else None, "tags": dict(tags)},
+                ids={"url": url, "arn": attrs.get("QueueArn", "")})
+
+
 def read_role(aws: Clients, name: str, record: Record | None) -> Live | None:
     """The role's trust policy, its one inline policy and its tags."""
     iam = aws.get("iam")
@@ -113,6 +128,18 @@ def read_alias(aws: Clients, name: str, record: Record | None) -> Live | None:
     return Live(attributes={"target": target}, ids={"arn": got["AliasArn"], "version": version, "history": history})
 
 
+def read_event_invoke_config(aws: Clients, name: str, record: Record | None) -> Live | None:
+    """The alias's asynchronous-invocation settings: retries, event age and on-failure destination."""
+    function, alias = name.split(":", 1)
+    got = or_none(aws.get("lambda").get_function_event_invoke_config, FunctionName=function, Qualifier=alias)
+    if got is None:
+        return None
+    on_failure = got.get("DestinationConfig", {}).get("OnFailure", {}).get("Destination")
+    return Live(attributes={"on_failure": on_failure, "max_retries": got.get("MaximumRetryAttempts"),
+                            "max_event_age_s": got.get("MaximumEventAgeInSeconds")},
+                ids={"function_arn": got.get("FunctionArn", "")})
+
+
 def read_iot_policy(aws: Clients, name: str, record: Record | None) -> Live | None:
     """The policy's default version document."""
     got = or_none(aws.get("iot").get_policy, policyName=name)
@@ -155,9 +182,11 @@ def read_iot_certificate(aws: Clients, name: str, record: Record | None) -> Live
 
 READERS: dict[str, Reader] = {
     "s3_bucket": read_bucket,
+    "sqs_queue": read_queue,
     "iam_role": read_role,
     "lambda_function": read_function,
     "lambda_alias": read_alias,
+    "lambda_event_invoke_config": read_event_invoke_config,
     "iot_policy": read_iot_policy,
     "iot_thing": read_iot_thing,
     "iot_certificate": read_iot_certificate,

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeAlias
 
-from device import mqtt_client_id
+from device import KeyFileError, is_identifier, mqtt_client_id, shown
+from device._keys import parse_public_keys, read_public_key_file
 from infra._errors import DeployConfigError
 from infra._iot import iot_fleet, policy_document
 
@@ -33,9 +34,20 @@ ENV_BUCKET = "STRATA_RESULT_BUCKET"
 ENV_TRUSTED_PUBLIC_KEY = "STRATA_TRUSTED_KEYS"
 """PEM of the Ed25519 key(s) bundles must be signed with (``functions._handlers``)."""
 
-_STAGE = re.compile(r"^[a-z0-9][a-z0-9-]{0,19}$")
-_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-_FLEET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_STAGE = re.compile(r"[a-z0-9][a-z0-9-]{0,19}")
+"""A stage: the identifier rule (``device._names``) narrowed to what S3 bucket names take (no capitals, ``_``
+or ``.``) and short enough for ``strata-{stage}-{account}-{region}`` to stay within S3's 63 characters."""
+STAGE_FORM = "1-20 lowercase letters, digits or '-', starting with a letter or digit"
+
+DEFAULT_ROLLOUT_CONCURRENCY = 32
+"""Reserved concurrency of the rollout function unless `DeployConfig.reserved_concurrency` says otherwise."""
+ASYNC_RETRIES = 2
+"""Lambda's retries of a failed asynchronous (Event) rollout before it goes to the failure queue."""
+ASYNC_MAX_EVENT_AGE_S = 3600
+"""An Event rollout older than this is not retried but sent to the failure queue (Lambda's default is 6 h; a
+rollout an hour old is stale for any learner)."""
+FAILURE_RETENTION_S = 14 * 24 * 3600
+"""How long the failure queue keeps a record (SQS's maximum)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,11 +58,15 @@ class FunctionSpec:
     """Short name; the deployed function is ``strata-{stage}-{name}``."""
     handler: str
     """Dotted ``module.function`` inside the package."""
+    concurrency_cap: int | None = None
+    """Most reserved concurrency this function gets (None: `DeployConfig.reserved_concurrency` itself)."""
+    failure_queue: bool = False
+    """Whether failed asynchronous invocations of its stage alias go to the stage's failure queue."""
 
 
 FUNCTIONS: tuple[FunctionSpec, ...] = (
-    FunctionSpec(name="rollout", handler="functions._handlers.rollout_handler"),
-    FunctionSpec(name="ping", handler="functions._handlers.ping_handler"),
+    FunctionSpec(name="rollout", handler="functions._handlers.rollout_handler", failure_queue=True),
+    FunctionSpec(name="ping", handler="functions._handlers.ping_handler", concurrency_cap=2),
 )
 """The functions tier's Lambda handlers (``functions/_handlers.py``)."""
 SOURCE_PACKAGES: tuple[str, ...] = ("functions", "device")
@@ -63,9 +79,10 @@ class DeployConfig:
 
     # Where
     stage: str = "dev"
-    """Stage name (lowercase letters, digits, '-'); it names every resource and the Lambda alias."""
+    """Stage name (1-20 lowercase letters, digits or '-'); it names every resource and the Lambda alias."""
     region: str | None = None
-    """AWS region; default: the standard chain (AWS_REGION / AWS_DEFAULT_REGION / config file)."""
+    """AWS region; default: where the stage's last apply deployed it, else AWS_REGION / AWS_DEFAULT_REGION / the
+    profile's region, else us-east-1 (each command prints which and why)."""
     bucket: str = ""
     """Bucket name override; default strata-{stage}-{account}-{region}."""
 
@@ -74,8 +91,10 @@ class DeployConfig:
     """Lambda memory in MB (128-10240; 1769 MB is one vCPU)."""
     timeout_s: int = 60
     """Lambda timeout in seconds (at most 900)."""
-    reserved_concurrency: int | None = None
-    """Reserved concurrent executions per function; default: unreserved (the account pool)."""
+    reserved_concurrency: int | None = DEFAULT_ROLLOUT_CONCURRENCY
+    """Reserved concurrent executions of the rollout function: at most this many rollouts run at once (a cap on
+    what a runaway trainer spends) and no other function takes them (ping gets at most 2). 0 leaves the functions
+    in the account's unreserved pool, for accounts too small to reserve any (AWS keeps 100 unreserved)."""
     architecture: Literal["x86_64", "arm64"] = "x86_64"
     """Lambda architecture; the dependency wheels are built for it."""
     requirements: tuple[str, ...] = ("numpy", "gymnasium", "cryptography")
@@ -85,7 +104,8 @@ class DeployConfig:
     source_dir: str = ""
     """Folder holding the strata packages to deploy (functions/, device/); default: the installed strata."""
     trusted_public_key: str = ""
-    """PEM of the Ed25519 public key bundles must be signed with (or a .pub file's path), set as STRATA_TRUSTED_KEYS."""
+    """PEM of the Ed25519 public key(s) bundles must be signed with (or a .pub file's path), set as
+    STRATA_TRUSTED_KEYS; a private key is refused."""
 
     # Edge nodes (AWS IoT Core)
     fleet: str = "default"
@@ -100,9 +120,7 @@ class DeployConfig:
 
 def check_config(config: DeployConfig) -> DeployConfig:
     """Return `config` if AWS would accept it; raise `DeployConfigError` naming the value and the fix."""
-    if not _STAGE.match(config.stage):
-        raise DeployConfigError(f"DeployConfig.stage={config.stage!r} is not a valid stage name: use 1-20 "
-                                "lowercase letters, digits or '-', starting with a letter or digit")
+    check_stage(config.stage, what="DeployConfig.stage")
     if not MIN_MEMORY_MB <= config.memory_mb <= MAX_MEMORY_MB:
         raise DeployConfigError(f"DeployConfig.memory_mb={config.memory_mb} is outside Lambda's range: set "
                                 f"--memory-mb between {MIN_MEMORY_MB} and {MAX_MEMORY_MB}")
@@ -111,25 +129,70 @@ def check_config(config: DeployConfig) -> DeployConfig:
                                 f"--timeout-s between 1 and {MAX_TIMEOUT_S} (Lambda's maximum, 15 minutes)")
     if config.reserved_concurrency is not None and config.reserved_concurrency < 0:
         raise DeployConfigError(f"DeployConfig.reserved_concurrency={config.reserved_concurrency} is negative: "
-                                "set --reserved-concurrency to 0 or more, or leave it unset for the account pool")
+                                "set --reserved-concurrency to 1 or more, or to 0 for the account's unreserved pool")
     if config.architecture not in PLATFORMS:
         raise DeployConfigError(f"DeployConfig.architecture={config.architecture!r} is not one of "
                                 f"{sorted(PLATFORMS)}")
     longest = 63 - len(config.stage)  # the MQTT fleet on IoT Core is {stage}.{fleet}, one 64-character segment
-    if not _FLEET.match(config.fleet) or len(config.fleet) > longest:
-        raise DeployConfigError(f"DeployConfig.fleet={config.fleet!r} cannot be an MQTT topic segment: use 1-"
+    if not is_identifier(config.fleet) or len(config.fleet) > longest:
+        raise DeployConfigError(f"DeployConfig.fleet={shown(config.fleet)} cannot be an MQTT topic segment: use 1-"
                                 f"{longest} letters, digits, '_', '.' or '-' (with the stage, {config.stage}.FLEET "
                                 "is one 64-character segment)")
     for node in config.edge_nodes:
-        if not _NODE.match(node):
-            raise DeployConfigError(f"DeployConfig.edge_nodes: node id {node!r} cannot name an IoT thing: use "
+        if not is_identifier(node) or "." in node:  # IoT thing names allow no '.'
+            raise DeployConfigError(f"DeployConfig.edge_nodes: node id {shown(node)} cannot name an IoT thing: use "
                                     "1-64 letters, digits, '_' or '-', starting with a letter or digit")
     if len(set(config.edge_nodes)) != len(config.edge_nodes):
         raise DeployConfigError(f"DeployConfig.edge_nodes={list(config.edge_nodes)} lists a node twice")
-    if config.bucket and not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", config.bucket):
+    if config.bucket and not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", config.bucket):
         raise DeployConfigError(f"DeployConfig.bucket={config.bucket!r} is not a valid S3 bucket name: use 3-63 "
                                 "lowercase letters, digits, '.' or '-'")
+    if config.trusted_public_key:  # a trust anchor: Ed25519 public keys only, never a private key
+        try:
+            parse_public_keys(config.trusted_public_key, source="DeployConfig.trusted_public_key")
+        except KeyFileError as exc:
+            raise DeployConfigError(str(exc)) from None
     return config
+
+
+def check_stage(stage: object, *, what: str = "--stage") -> str:
+    """`stage` if it is a stage name (`_STAGE`: the identifier rule, narrowed for S3); else one line naming it.
+
+    Every command and path builder that takes a stage calls this first, so ``''`` or ``../x`` never names a
+    resource or a file (state files are then built with ``device._names.inside`` as well).
+
+    Raises:
+        DeployConfigError: `stage` is not a stage name.
+    """
+    if not (is_identifier(stage) and isinstance(stage, str) and _STAGE.fullmatch(stage)):
+        raise DeployConfigError(f"{what}={shown(stage)} is not a valid stage name: use {STAGE_FORM} (a stage "
+                                "names S3 buckets, which take no capitals, '_' or '.')")
+    return stage
+
+
+def reserved_for(spec: FunctionSpec, reserved_concurrency: int | None) -> int | None:
+    """The reserved concurrency of function `spec` (None: the account's unreserved pool)."""
+    if not reserved_concurrency:
+        return None
+    return min(reserved_concurrency, spec.concurrency_cap) if spec.concurrency_cap else reserved_concurrency
+def trusted_key_pem(value: str) -> str:
+    """The PEM that `--trusted-public-key VALUE` deploys: VALUE's own PEM text, or the ``.pub`` file it names.
+
+    Both are parsed by the one trust-anchor parser (`device._keys.parse_public_keys`) and written back as
+    canonical PEM, so only Ed25519 public keys ever reach a function's environment or a template.
+
+    Raises:
+        DeployConfigError: VALUE (or the file) holds a private key, no public key, or a non-Ed25519 key; or the
+            file cannot be read.
+    """
+    try:
+        if "-----BEGIN" in value:
+            keys = parse_public_keys(value, source="--trusted-public-key (inline PEM)")
+        else:
+            keys = read_public_key_file(Path(value).expanduser(), what="--trusted-public-key")[1]
+    except KeyFileError as exc:
+        raise DeployConfigError(str(exc)) from None
+    return "".join(key.to_pem().decode() for key in keys)
 
 
 def partition_of(region: str) -> str:
@@ -173,6 +236,15 @@ class Names:
     def alias(self) -> str:
         """The alias every function's callers use: the stage name."""
         return self.stage
+
+    @property
+    def failure_queue(self) -> str:
+        """The SQS queue failed asynchronous rollouts go to (the rollout alias's on-failure destination)."""
+        return f"{self.prefix}-rollout-failures"
+
+    def queue_arn(self, partition: str) -> str:
+        """The failure queue's ARN."""
+        return f"arn:{partition}:sqs:{self.region}:{self.account}:{self.failure_queue}"
 
     def iot(self, node: str) -> str:
         """The IoT thing and policy name of `node`: ``strata-{stage}_{node}``.
@@ -234,6 +306,20 @@ class Bucket:
         """Diffable desired state."""
         return {"versioning": "Enabled", "block_public_access": True, "encryption": BUCKET_ENCRYPTION,
                 "policy": self.policy, "tags": dict(self.tags)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Queue:
+    """The SQS queue of failed asynchronous rollouts (encrypted, 14 days): the stage alias's on-failure destination."""
+
+    kind: ClassVar[str] = "sqs_queue"
+    name: str
+    retention_s: int
+    tags: dict[str, str] = field(hash=False)
+
+    def attributes(self) -> dict[str, Any]:
+        """Diffable desired state."""
+        return {"retention_s": self.retention_s, "encryption": "SQS-SSE", "tags": dict(self.tags)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -311,6 +397,26 @@ class Alias:
 
 
 @dataclass(frozen=True, kw_only=True)
+class EventInvokeConfig:
+    """How Lambda handles a failed asynchronous invocation of a stage alias: retries, then the on-failure queue."""
+
+    kind: ClassVar[str] = "lambda_event_invoke_config"
+    name: str
+    """``{function}:{alias}``, as the alias it configures."""
+    function: str
+    alias: str
+    on_failure: str
+    """ARN of the destination (the stage's failure queue)."""
+    max_retries: int
+    max_event_age_s: int
+
+    def attributes(self) -> dict[str, Any]:
+        """Diffable desired state."""
+        return {"on_failure": self.on_failure, "max_retries": self.max_retries,
+                "max_event_age_s": self.max_event_age_s}
+
+
+@dataclass(frozen=True, kw_only=True)
 class IotPolicy:
     """An edge node's IoT policy: exactly the MQTT operations of its agent, gateway and devices (`infra._iot`)."""
 
@@ -355,14 +461,15 @@ class IotCertificate:
         return {"status": "ACTIVE", "things": [self.thing], "policies": [self.policy], "credentials_file": "present"}
 
 
-Resource: TypeAlias = Bucket | Role | Function | Alias | IotPolicy | IotThing | IotCertificate
-KIND_ORDER: tuple[str, ...] = ("s3_bucket", "iam_role", "lambda_function", "lambda_alias", "iot_policy",
-                               "iot_thing", "iot_certificate")
+Resource: TypeAlias = (Bucket | Queue | Role | Function | Alias | EventInvokeConfig | IotPolicy | IotThing
+                        | IotCertificate)
+KIND_ORDER: tuple[str, ...] = ("s3_bucket", "sqs_queue", "iam_role", "lambda_function", "lambda_alias",
+                               "lambda_event_invoke_config", "iot_policy", "iot_thing", "iot_certificate")
 """Creation order (dependencies first); deletion runs it backwards."""
 
 
 def role_policies(names: Names, partition: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(trust policy, permissions policy)`` of the execution role: only the bucket and the functions' logs.
+    """``(trust policy, permissions policy)`` of the execution role: the bucket, the functions' logs, the queue.
 
     Log groups are named exactly (no ``strata-{stage}-*`` wildcard, which would cover stage ``{stage}-x`` too).
     """
@@ -378,6 +485,9 @@ def role_policies(names: Names, partition: str) -> tuple[dict[str, Any], dict[st
         {"Sid": "StageBucketObjects", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"],
          "Resource": f"{bucket_arn}/*"},
         {"Sid": "StageBucketList", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arn},
+        # Lambda sends a failed asynchronous rollout to its on-failure destination with the function's role.
+        {"Sid": "RolloutFailureQueue", "Effect": "Allow", "Action": "sqs:SendMessage",
+         "Resource": names.queue_arn(partition)},
     ]}
     return trust, permissions
 
@@ -398,6 +508,7 @@ def desired_resources(config: DeployConfig, *, account: str, region: str, artifa
     resources: list[Resource] = [
         Bucket(name=names.bucket, tags=tags,
                policy=tls_only_policy(f"arn:{partition}:s3:::{names.bucket}") if tls_endpoint else None),
+        Queue(name=names.failure_queue, retention_s=FAILURE_RETENTION_S, tags=tags),
         Role(name=names.role, policy_name=f"{names.prefix}-lambda-access", assume_role_policy=trust,
              policy=permissions, tags=tags),
     ]
@@ -410,11 +521,16 @@ def desired_resources(config: DeployConfig, *, account: str, region: str, artifa
         functions.append(Function(
             name=names.function(spec.name), handler=spec.handler, memory_mb=config.memory_mb,
             timeout_s=config.timeout_s, architecture=config.architecture, role=names.role, role_arn=role_arn,
-            bucket=names.bucket, environment=environment, reserved_concurrency=config.reserved_concurrency,
-            tags=tags, artifact=artifact))
+            bucket=names.bucket, environment=environment,
+            reserved_concurrency=reserved_for(spec, config.reserved_concurrency), tags=tags, artifact=artifact))
     resources += functions
     resources += [Alias(name=f"{f.name}:{names.alias}", function=f.name, alias=names.alias,
                         target=f.version_attributes()) for f in functions]
+    resources += [EventInvokeConfig(name=f"{names.function(spec.name)}:{names.alias}",
+                                    function=names.function(spec.name), alias=names.alias,
+                                    on_failure=names.queue_arn(partition), max_retries=ASYNC_RETRIES,
+                                    max_event_age_s=ASYNC_MAX_EVENT_AGE_S)
+                  for spec in FUNCTIONS if spec.failure_queue]
     fleet = iot_fleet(config.stage, config.fleet)
     for node in config.edge_nodes:
         thing = names.iot(node)

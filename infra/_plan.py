@@ -166,11 +166,11 @@ def plan_apply(desired: Sequence[Resource], state: State, aws: Clients) -> Plan:
     return Plan(stage=state.stage, region=aws.region, account=aws.account_id(), steps=tuple(steps))
 
 
-def plan_destroy(state: State, aws: Clients, discovered: Iterable[tuple[str, str]] = ()) -> Plan:
-    """Plan deleting every recorded resource plus `discovered` ``(kind, name)`` pairs found by name."""
+def plan_destroy(state: State, aws: Clients, discovered: Iterable[Record] = ()) -> Plan:
+    """Plan deleting every recorded resource plus the `discovered` ones (found by name, tag or attachment)."""
     records = dict(state.resources)
-    for kind, name in discovered:
-        records.setdefault(f"{kind}/{name}", Record(kind=kind, name=name, attributes={}, ids={}))
+    for record in discovered:
+        records.setdefault(record.key, record)
     steps = _deletes(list(records.values()), aws, note="")
     return Plan(stage=state.stage, region=aws.region, account=aws.account_id(), steps=tuple(steps),
                 purpose="destroy")

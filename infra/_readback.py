@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infra._errors import InfraError
-from infra._models import ENV_BUCKET, FUNCTIONS, Names
+from infra._models import ENV_BUCKET, FUNCTIONS, Names, check_stage
 from infra.aws import client, or_none
 
 if TYPE_CHECKING:
@@ -146,7 +146,8 @@ def _read_back(name: str, *, qualifier: str | None, endpoint_url: str | None, re
             os.replace(tmp, code_dir)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    aliases = {a["Name"]: str(a["FunctionVersion"]) for a in lam.list_aliases(FunctionName=name).get("Aliases", [])}
+    aliases = {a["Name"]: str(a["FunctionVersion"]) for page in lam.get_paginator("list_aliases").paginate(
+        FunctionName=name) for a in page.get("Aliases", [])}
     reserved = got.get("Concurrency", {}).get("ReservedConcurrentExecutions")
     return DeployedCode(name=name, version=str(configuration.get("Version", "$LATEST")),
                         configuration=configuration, aliases=aliases, code_dir=code_dir, reserved_concurrency=reserved)
@@ -184,7 +185,7 @@ class DeployedFunctions:
 
     def __init__(self, *, stage: str, endpoint_url: str | None = None, region: str | None = None,
                  work_dir: Path | None = None) -> None:
-        self.stage = stage
+        self.stage = check_stage(stage)
         self.endpoint_url = endpoint_url
         self.region = region
         self._owns_dir = work_dir is None
@@ -222,19 +223,22 @@ class DeployedFunctions:
             return None
         lam = self._lambda()
 
-        def read() -> tuple[dict[str, Any] | None, dict[str, str], tuple[str, ...]]:
+        def read() -> tuple[dict[str, Any] | None, dict[str, str], tuple[str, ...], dict[str, Any]]:
             latest = or_none(lam.get_function_configuration, FunctionName=name)
             if latest is None:
-                return None, {}, ()
+                return None, {}, (), {}
             aliases = {a["Name"]: str(a["FunctionVersion"])
                        for page in lam.get_paginator("list_aliases").paginate(FunctionName=name)
                        for a in page.get("Aliases", [])}
             versions = tuple(str(v["Version"])
                              for page in lam.get_paginator("list_versions_by_function").paginate(FunctionName=name)
                              for v in page.get("Versions", []) if v["Version"] != "$LATEST")
-            return latest, aliases, versions
+            # The stage alias's asynchronous settings (retries, on-failure queue): the runtime applies them to
+            # every Event invocation of the function, as callers invoke the stage alias.
+            invoke = or_none(lam.get_function_event_invoke_config, FunctionName=name, Qualifier=self.stage) or {}
+            return latest, aliases, versions, invoke
 
-        latest, aliases, versions = self._call(f"stage {self.stage}: {name}", read)
+        latest, aliases, versions, invoke = self._call(f"stage {self.stage}: {name}", read)
         if latest is None:
             return None
         fingerprint = json.dumps(latest, sort_keys=True, default=str)
@@ -247,7 +251,10 @@ class DeployedFunctions:
                                    work_dir=self.work_dir), aliases=aliases, versions=versions)
             with self._lock:
                 self._latest[name] = (fingerprint, spec)
-        return dataclasses.replace(spec, aliases=aliases, versions=versions)
+        destination = str(invoke.get("DestinationConfig", {}).get("OnFailure", {}).get("Destination") or "")
+        return dataclasses.replace(spec, aliases=aliases, versions=versions,
+                                   on_failure=destination if ":sqs:" in destination else "",
+                                   async_retries=invoke.get("MaximumRetryAttempts"))
 
     def version_spec(self, name: str, version: str) -> FunctionSpec | None:
         """`name` as published at `version`, with that version's own code and settings (read once)."""

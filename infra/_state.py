@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from device._names import inside
 from infra._errors import StateError
+from infra._models import check_stage
 
 SCHEMA_VERSION = 1
 
@@ -62,12 +64,16 @@ class State:
 
 
 class StateStore:
-    """The state file of `stage` under `state_dir` (``{state_dir}/{stage}.json``)."""
+    """The state file of `stage` under `state_dir` (``{state_dir}/{stage}.json``).
+
+    Raises:
+        DeployConfigError: `stage` is not a stage name (``''``, ``../x``): no path is ever built from one.
+    """
 
     def __init__(self, state_dir: Path, stage: str) -> None:
         self.state_dir = state_dir
-        self.stage = stage
-        self.path = state_dir / f"{stage}.json"
+        self.stage = check_stage(stage)
+        self.path = inside(state_dir, f"{stage}.json", what="state file")
 
     def load(self) -> State:
         """The recorded state, or an empty one when the stage was never applied.

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import os
 import random
 import time
 from collections.abc import Callable
@@ -46,8 +47,9 @@ def client(service: str, *, region: str | None = None, endpoint_url: str | None 
 
     Args:
         service: boto3 service name, e.g. ``"lambda"`` or ``"s3"``.
-        region: AWS region; ``None`` lets boto3 resolve it (``AWS_DEFAULT_REGION``, config file),
-            falling back to ``us-east-1`` so a local endpoint works with no AWS configuration.
+        region: AWS region; ``None`` resolves it as `resolve_region` does (``AWS_REGION``,
+            ``AWS_DEFAULT_REGION``, the profile's region), falling back to ``us-east-1`` so a local endpoint
+            works with no AWS configuration.
         endpoint_url: Explicit endpoint; ``None`` lets botocore honour ``AWS_ENDPOINT_URL_<SERVICE>``
             and ``AWS_ENDPOINT_URL``.
         read_timeout: Socket read timeout, seconds (botocore's default is 60).
@@ -79,9 +81,35 @@ def client(service: str, *, region: str | None = None, endpoint_url: str | None 
     if unsigned:
         options["signature_version"] = require("botocore", extra=_EXTRA, purpose="talking to AWS").UNSIGNED
     session = boto3.session.Session(botocore_session=_botocore_session())
-    resolved_region = region or session.region_name or "us-east-1"
+    resolved_region = region or resolve_region(None, session=session)[0]
     return session.client(service, region_name=resolved_region, endpoint_url=endpoint_url,
                           config=botocore_config.Config(**options))
+
+
+DEFAULT_REGION = "us-east-1"
+"""Where strata deploys when nothing names a region (announced, never silent: see `resolve_region`)."""
+
+
+def resolve_region(region: str | None, *, session: Any = None) -> tuple[str, str]:
+    """``(region, why)``: the region strata acts in, and why (for the line the infra commands print first).
+
+    `region` if given, else ``AWS_REGION``, ``AWS_DEFAULT_REGION``, the profile's region, else `DEFAULT_REGION`.
+    ``AWS_REGION`` is read here because botocore itself reads only ``AWS_DEFAULT_REGION``: a shell (or a Lambda
+    function) with only ``AWS_REGION`` set would otherwise deploy to ``us-east-1`` while the user expects their
+    region. ``AWS_REGION`` wins, as in the AWS CLI v2 and the other SDKs.
+    """
+    if region:
+        return region, "--region"
+    for variable in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        if os.environ.get(variable):
+            return os.environ[variable], f"from {variable}"
+    if session is None:
+        import boto3
+
+        session = boto3.session.Session(botocore_session=_botocore_session())
+    if session.region_name:
+        return str(session.region_name), f"the region of AWS profile {session.profile_name!r}"
+    return DEFAULT_REGION, "no --region, AWS_REGION or profile region set"
 
 
 _shared_loader: list[Any] = []
@@ -262,6 +290,7 @@ NOT_FOUND_CODES = frozenset({
     "NoSuchBucket", "404", "NotFound", "NoSuchKey",  # S3 (HEAD answers a bare 404)
     "NoSuchTagSet", "NoSuchPublicAccessBlockConfiguration",  # S3 sub-resources that were never set
     "NoSuchBucketPolicy", "ServerSideEncryptionConfigurationNotFoundError",
+    "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist",  # SQS (query and JSON protocols)
 })
 
 
@@ -324,9 +353,12 @@ class Clients:
     def __init__(self, *, region: str | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
         self.sleep = sleep
         self._account: str | None = None
-        sts = client("sts", region=region)
+        resolved, reason = resolve_region(region)
+        self.region_reason: str = reason
+        """Why `region` is the region (`resolve_region`), for the line the commands print."""
+        sts = client("sts", region=resolved)
         self.region: str = str(sts.meta.region_name)
-        """The resolved region (the argument, else boto3's chain, else us-east-1)."""
+        """The resolved region (`resolve_region`: the argument, AWS_REGION, AWS_DEFAULT_REGION, the profile)."""
         self._clients: dict[str, Any] = {"sts": sts}
 
     def get(self, service: str) -> Any:
@@ -345,5 +377,5 @@ class Clients:
         """Whether S3 is reached over HTTPS (always on AWS; plain HTTP for a local emulator such as moto)."""
         return str(self.get("s3").meta.endpoint_url).startswith("https://")
 
-__all__ = ["LAMBDA_MAX_TIMEOUT_S", "NOT_FOUND_CODES", "Clients", "InvokeResult", "LambdaInvoker", "client",
-           "error_code", "is_not_found", "or_none", "retry_while"]
+__all__ = ["DEFAULT_REGION", "LAMBDA_MAX_TIMEOUT_S", "NOT_FOUND_CODES", "Clients", "InvokeResult", "LambdaInvoker",
+           "client", "error_code", "is_not_found", "or_none", "resolve_region", "retry_while"]

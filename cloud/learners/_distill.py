@@ -182,9 +182,8 @@ def _student(obs_dim: int, out_dim: int, config: DistillConfig) -> torch.nn.Sequ
 
 
 def distill_bundle(teacher: Bundle, *, env_id: str | None = None, signing_key: SigningKey,
-            config: DistillConfig | None = None, policy: str | None = None, version: int | None = None,
-            ttl_s: float | None = None,
-            log: Callable[[str], None] | None = None) -> DistillResult:
+                   config: DistillConfig | None = None, policy: str | None = None, version: int | None = None,
+                   ttl_s: float | None = None, log: Callable[[str], None] | None = None) -> DistillResult:
     """Distil `teacher` into a micro policy and sign it as a device-tier bundle (see the module docstring).
 
     Args:
@@ -200,7 +199,7 @@ def distill_bundle(teacher: Bundle, *, env_id: str | None = None, signing_key: S
     """
     import torch
 
-    from cloud.learners._onnx import build_policy_graph, export_onnx, output_names, verify_onnx
+    from cloud.learners._onnx import build_policy_graph, export_onnx, verify_onnx
     from device import NumpyExecutor
 
     config = config or DistillConfig()
@@ -208,15 +207,8 @@ def distill_bundle(teacher: Bundle, *, env_id: str | None = None, signing_key: S
     start = time.perf_counter()
     teacher_bundle = teacher
     m = teacher_bundle.manifest
-    env_id = env_id or m.producer.get("env_id")
-    if not env_id:
-        raise ConfigError(f"distill: teacher {m.policy!r} v{m.version} does not record its env id; pass env_id "
-                          "(the gymnasium env to collect states in)")
+    env_id = _check_teacher(m, env_id)
     obs_space, action_space = m.observation_space, m.action_space
-    if obs_space.get("type") != "Box" or action_space.get("type") not in ("Discrete", "Box"):
-        raise DistillError(f"distill: teacher {m.policy!r} has observation space {obs_space.get('type')} and action "
-                           f"space {action_space.get('type')}; micro policies need a Box observation and a Discrete "
-                           "or Box action")
     discrete = action_space["type"] == "Discrete"
     obs_shape = tuple(int(d) for d in obs_space["shape"])
     obs_dim = int(np.prod(obs_shape))
@@ -248,25 +240,11 @@ def distill_bundle(teacher: Bundle, *, env_id: str | None = None, signing_key: S
         if iteration > 0:
             states.append(_rollout(env, student_act, config.steps_per_iteration, config.seed + 1000 * iteration))
         labels.append(oracle.labels(states[-1].reshape(len(states[-1]), *obs_shape)))
-        x_all = torch.from_numpy(np.concatenate(states))
-        y_all = torch.from_numpy(np.concatenate(labels).astype(np.float32))
-        target = torch.softmax(y_all, dim=-1) if discrete else y_all
-        for _ in range(config.epochs):
-            order = torch.randperm(len(x_all), generator=generator)
-            for i in range(0, len(order), config.batch_size):
-                idx = order[i:i + config.batch_size]
-                out = net(_normalise(graph, x_all[idx]))
-                if discrete:
-                    loss = -(target[idx] * torch.log_softmax(out, dim=-1)).sum(-1).mean()
-                else:
-                    low, high = graph.action_low, graph.action_high
-                    loss = ((torch.minimum(torch.maximum(out, low), high) - target[idx]) ** 2).mean()
-                optimizer.zero_grad()
-                loss.backward()  # type: ignore[no-untyped-call]
-                optimizer.step()
+        loss = _fit(net, graph, optimizer, generator, np.concatenate(states), np.concatenate(labels), config,
+                    discrete=discrete)
         if log is not None:
-            log(f"distill: iteration {iteration + 1}/{config.iterations}: {len(x_all):,} labelled states, "
-                f"loss {float(loss.detach()):.4f}")
+            log(f"distill: iteration {iteration + 1}/{config.iterations}: {sum(len(x) for x in states):,} labelled "
+                f"states, loss {loss:.4f}")
 
     net.eval()
     region = StateRegion.fit(np.concatenate(states))
@@ -285,15 +263,78 @@ def distill_bundle(teacher: Bundle, *, env_id: str | None = None, signing_key: S
     teacher_return = _evaluate(env, teacher_act, config.eval_episodes, eval_seed)
     student_return = _evaluate(env, micro_act, config.eval_episodes, eval_seed)
     env.close()
+    kept = _kept(teacher_return, student_return)
+    bundle = _micro_bundle(model, m, env_id=env_id, region=region, config=config, weights=weights,
+                           returns=(teacher_return, student_return), signing_key=signing_key, policy=policy,
+                           version=version, ttl_s=ttl_s)
+    return DistillResult(bundle=bundle, teacher_return=teacher_return, student_return=student_return, kept=kept,
+                         samples=int(sum(len(s) for s in states)), wall_s=time.perf_counter() - start,
+                         teacher_params=_param_count(teacher_bundle.model), student_params=_param_count(model))
+
+
+def _check_teacher(m: Any, env_id: str | None) -> str:
+    """The env the teacher acts in; refuse a teacher whose spaces a micro policy cannot take."""
+    env_id = env_id or m.producer.get("env_id")
+    if not env_id:
+        raise ConfigError(f"distill: teacher {m.policy!r} v{m.version} does not record its env id; pass env_id "
+                          "(the gymnasium env to collect states in)")
+    obs_type, action_type = m.observation_space.get("type"), m.action_space.get("type")
+    if obs_type != "Box" or action_type not in ("Discrete", "Box"):
+        raise DistillError(f"distill: teacher {m.policy!r} has observation space {obs_type} and action space "
+                           f"{action_type}; micro policies need a Box observation and a Discrete or Box action")
+    return str(env_id)
+
+
+def _fit(net: Any, graph: Any, optimizer: Any, generator: Any, states: np.ndarray, labels: np.ndarray,
+         config: DistillConfig, *, discrete: bool) -> float:
+    """`config.epochs` of supervised learning on every labelled state so far; the last minibatch's loss.
+
+    Soft cross-entropy against the teacher's action probabilities (Discrete), or the mean squared error of the
+    clipped action against the teacher's (Box).
+    """
+    import torch
+
+    x_all = torch.from_numpy(states)
+    y_all = torch.from_numpy(labels.astype(np.float32))
+    target = torch.softmax(y_all, dim=-1) if discrete else y_all
+    for _ in range(config.epochs):
+        order = torch.randperm(len(x_all), generator=generator)
+        for i in range(0, len(order), config.batch_size):
+            idx = order[i:i + config.batch_size]
+            out = net(_normalise(graph, x_all[idx]))
+            if discrete:
+                loss = -(target[idx] * torch.log_softmax(out, dim=-1)).sum(-1).mean()
+            else:
+                low, high = graph.action_low, graph.action_high
+                loss = ((torch.minimum(torch.maximum(out, low), high) - target[idx]) ** 2).mean()
+            optimizer.zero_grad()
+            loss.backward()  # type: ignore[no-untyped-call]
+            optimizer.step()
+    return float(loss.detach())
+
+
+def _kept(teacher_return: float, student_return: float) -> float:
+    """The fraction of the teacher's return the student keeps (for negative returns: the ratio the other way)."""
     if teacher_return > 0:
-        kept = student_return / teacher_return
-    elif student_return < 0:
-        kept = teacher_return / student_return
-    else:
-        kept = float(student_return >= teacher_return)
-    bundle = build_bundle(
+        return student_return / teacher_return
+    if student_return < 0:
+        return teacher_return / student_return
+    return float(student_return >= teacher_return)
+
+
+def _micro_bundle(model: bytes, m: Any, *, env_id: str, region: StateRegion, config: DistillConfig, weights: str,
+                  returns: tuple[float, float], signing_key: SigningKey, policy: str | None, version: int | None,
+                  ttl_s: float | None) -> Bundle:
+    """Sign the student as a device-tier bundle: the teacher's preprocessing, the state region, the provenance."""
+    import torch
+
+    from cloud.learners._onnx import output_names
+
+    teacher_return, student_return = returns
+    action_space = m.action_space
+    return build_bundle(
         model, policy=policy or f"{m.policy}-micro", version=version or m.version, parent_version=None,
-        observation_space=obs_space, action_space=action_space,
+        observation_space=m.observation_space, action_space=action_space,
         preprocessing={**(m.preprocessing or {}), "in_graph": True, "distilled_from": m.policy,
                        StateRegion.KEY: region.to_manifest()},
         signing_key=signing_key, target_tier="device", ttl_s=ttl_s,
@@ -304,9 +345,6 @@ def distill_bundle(teacher: Bundle, *, env_id: str | None = None, signing_key: S
                   "student_return": f"{student_return:.2f}"},
         output_names=output_names(action_space),
     )
-    return DistillResult(bundle=bundle, teacher_return=teacher_return, student_return=student_return, kept=kept,
-                         samples=int(sum(len(s) for s in states)), wall_s=time.perf_counter() - start,
-                         teacher_params=_param_count(teacher_bundle.model), student_params=_param_count(model))
 
 
 def _normalise(graph: Any, obs: torch.Tensor) -> torch.Tensor:

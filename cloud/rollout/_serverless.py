@@ -28,7 +28,11 @@ Invocation modes: ``sync`` (RequestResponse; the result, or S3 references for re
 comes back in the response) and ``async`` (Event; at-least-once, so the handler writes its result
 to S3 under ``<prefix><rollout id>/<request id>`` and the source polls for the first marker).
 Either way every transition keeps its ``(source, worker, seq)`` id and a rollout id is accepted once,
-so duplicates and retries never count twice and a lost invocation is re-issued, never skipped.
+so duplicates and retries never count twice and a lost invocation is re-issued, never skipped. An async
+rollout that failed after Lambda's own retries goes to the function's on-failure queue (``strata infra
+apply`` creates ``strata-{stage}-rollout-failures``); with ``failure_queue_url`` set the source reads the
+records there, counts them (``stats.async_failures``) and re-issues the rollout at once instead of waiting out
+``async_result_timeout_s``.
 
 Cost model (AWS Lambda, x86, us-east-1; see `PRICE_PER_GB_S`, `PRICE_PER_REQUEST`): billed duration
 is the handler's duration rounded up to 1 ms, times the configured memory in GB, plus a per-request fee.
@@ -165,6 +169,9 @@ class ServerlessConfig:
     """How long an async rollout's result may take before the rollout is re-issued."""
     async_poll_s: float = 0.05
     """Interval between S3 polls for async results."""
+    failure_queue_url: str = ""
+    """SQS queue of the function's on-failure destination (async): failed rollouts are read from it, counted and
+    re-issued; empty: a failed async rollout is noticed only when async_result_timeout_s runs out."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_concurrency <= self.max_concurrency:
@@ -288,6 +295,8 @@ class ServerlessStats:
     reissued: int = 0
     """Rollouts re-issued after a function error."""
     function_errors: int = 0
+    async_failures: int = 0
+    """Async rollouts the on-failure queue reported failed after Lambda's retries (each one re-issued)."""
     duplicates_dropped: int = 0
     """Results of an already accepted rollout id (duplicate delivery, retried 5xx), dropped."""
     rollouts: int = 0
@@ -312,7 +321,8 @@ class ServerlessStats:
     def summary(self) -> dict[str, Any]:
         """Counters and the cost estimate as one JSON-ready dict."""
         return {"invocations": self.invocations, "attempts": self.attempts, "reissued": self.reissued,
-                "function_errors": self.function_errors, "duplicates_dropped": self.duplicates_dropped,
+                "function_errors": self.function_errors, "async_failures": self.async_failures,
+                "duplicates_dropped": self.duplicates_dropped,
                 "rollouts": self.rollouts, "fragments": self.fragments, "transitions": self.transitions,
                 "gb_seconds": round(self.gb_seconds, 6), "cost_usd": self.cost_usd(),
                 "carry_bytes_sent": self.carry_bytes_sent, "carry_bytes_received": self.carry_bytes_received,
@@ -350,6 +360,8 @@ class _Done:
     billed: int
     attempts: int
     extra_markers: int = 0
+    async_failed: bool = False
+    """The on-failure queue reported this async rollout failed."""
 
 
 class ServerlessRolloutSource:
@@ -389,6 +401,8 @@ class ServerlessRolloutSource:
         self._lock = threading.Lock()
         self._owned: list[Any] = []
         self._closed = False
+        self._sqs: Any = None
+        self._failed_async: set[str] = set()
 
     # -- policy --
     def set_policy(self, bundle: bytes) -> int:
@@ -498,8 +512,41 @@ class ServerlessRolloutSource:
                 body = s3.get_object(Bucket=self.config.result_bucket, Key=markers[0])["Body"].read()
                 return _Done(index, _decode(body), time.monotonic() - started, 1, attempts,
                              extra_markers=len(markers) - 1)
+            if self.config.failure_queue_url and self._reported_failed(rollout_id):
+                return _Done(index, None, time.monotonic() - started, 1, attempts, async_failed=True)
             time.sleep(self.config.async_poll_s)
         return _Done(index, None, time.monotonic() - started, 1, attempts)
+
+    def _reported_failed(self, rollout_id: str) -> bool:
+        """Whether the on-failure queue holds a record of `rollout_id` (read, and its records consumed).
+
+        Records of this run are deleted once read; another run's are left for it (visible again at once).
+        """
+        with self._lock:
+            if rollout_id in self._failed_async:
+                self._failed_async.discard(rollout_id)
+                return True
+        if self._sqs is None:
+            from infra.aws import client
+
+            self._sqs = client("sqs", region=self.config.region or None)
+        got = self._sqs.receive_message(QueueUrl=self.config.failure_queue_url, MaxNumberOfMessages=10,
+                                        WaitTimeSeconds=0, VisibilityTimeout=0)
+        for message in got.get("Messages", []):
+            try:
+                failed = json.loads(message["Body"])["requestPayload"]["rollout_id"]
+            except (ValueError, KeyError, TypeError):
+                failed = None  # not a Lambda destination record of a rollout: not ours to judge
+            if isinstance(failed, str) and failed.startswith(f"{self.run_id}-"):
+                with self._lock:
+                    self._failed_async.add(failed)
+                self._sqs.delete_message(QueueUrl=self.config.failure_queue_url,
+                                         ReceiptHandle=message["ReceiptHandle"])
+        with self._lock:
+            if rollout_id in self._failed_async:
+                self._failed_async.discard(rollout_id)
+                return True
+        return False
 
     def _fetch(self, refs: tuple[S3Object, ...]) -> list[bytes]:
         s3 = self.s3()
@@ -584,6 +631,7 @@ class ServerlessRolloutSource:
         result = outcome.result
         if result is None:
             self.stats.function_errors += 1
+            self.stats.async_failures += outcome.async_failed
             self.stats.gb_seconds += c.memory_mb / 1024 * outcome.invoke_s
             tries = self._reissues.get(outcome.index, 0) + 1
             if tries > c.max_reissues:

@@ -302,8 +302,8 @@ def resume_state(run_dir: Path, *, env_id: str, algo: str, caller: str, hint: st
     Raises:
         ConfigError: No checkpoint (`hint` is appended to the message), a run of another algorithm or env.
     """
-    from cloud.switching._control import SWITCHES_FILE
     from cloud.runs._metrics import METRICS_FILE
+    from cloud.switching._control import SWITCHES_FILE
 
     path = latest_checkpoint(run_dir)
     if path is None:

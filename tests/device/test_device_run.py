@@ -11,6 +11,7 @@ import pytest
 
 from device import NumpyExecutor, TrustStore, build_bundle, generate_keypair, load_public_key, load_signing_key
 from device._device_run import (
+    NONFINITE_REASON,
     DeviceConfig,
     DeviceRunError,
     DeviceRuntime,
@@ -260,8 +261,12 @@ def test_an_oversized_retained_message_is_refused_once_without_reconnecting(
         cloud.close()
 
 
-def test_a_non_finite_observation_is_escalated(model: bytes) -> None:
-    """A broken sensor (NaN or inf) is not decided on the device: its confidence is NaN, never above a threshold."""
+def test_a_non_finite_observation_is_refused_and_decided_by_the_fallback_at_once(model: bytes) -> None:
+    """A broken sensor (NaN or +-inf) follows the C export's rule: refused, never escalated, the last action held.
+
+    (It used to be escalated: a NaN went out as non-standard JSON that every edge refuses, so the device waited
+    out its whole budget; issue 34.)
+    """
     asked: list[np.ndarray] = []
 
     def edge(obs: np.ndarray, budget_s: float) -> EscalationReply:
@@ -269,8 +274,10 @@ def test_a_non_finite_observation_is_escalated(model: bytes) -> None:
         return EscalationReply(id="x", action=(1.0,), policy_version=2)
 
     c = TieredController(NumpyExecutor(model), discrete=True, escalate=edge, threshold=0.0)
-    for bad in (np.nan, np.inf):
-        with np.errstate(invalid="ignore"):
-            d = c.decide(np.array([0.0, bad, 0, 0], np.float32))
-        assert (d.tier, d.action) == ("edge", 1)
-    assert len(asked) == 2
+    first = c.decide(np.array([0.0, np.inf, 0, 0], np.float32))  # before any decision: the neutral action
+    assert (first.tier, first.action, first.reason) == ("device-fallback", 0, NONFINITE_REASON)
+    good = c.decide(np.array([0.0, 0.0, 0.2, 0.0], np.float32))
+    for bad in (np.nan, np.inf, -np.inf):
+        d = c.decide(np.array([0.0, bad, 0, 0], np.float32))
+        assert (d.tier, d.action, d.reason, d.confidence) == ("device-fallback", good.action, NONFINITE_REASON, 0.0)
+    assert asked == [] and c.nonfinite == 4

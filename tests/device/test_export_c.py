@@ -88,7 +88,7 @@ def test_strata_device_export_c_refuses_an_unsupported_graph(tmp_path: Path) -> 
     from device import build_bundle, generate_keypair, load_signing_key
     from tests._cli import run_strata
 
-    key, _ = generate_keypair(tmp_path / "keys")
+    key, pub = generate_keypair(tmp_path / "keys")
     bundle = build_bundle(mlp_policy(hidden=(16,), activation="elu"), policy="p", version=1, parent_version=None,
                           observation_space={"type": "Box", "shape": [4], "dtype": "float32", "low": ["-inf"] * 4,
                                              "high": ["inf"] * 4},
@@ -96,7 +96,8 @@ def test_strata_device_export_c_refuses_an_unsupported_graph(tmp_path: Path) -> 
                           output_names=("action", "logits"))
     path = tmp_path / "p.bundle"
     path.write_bytes(bundle.to_bytes())
-    proc = run_strata("device", "export-c", "--bundle", str(path), "--out", str(tmp_path / "c"), timeout=60)
+    proc = run_strata("device", "export-c", "--bundle", str(path), "--out", str(tmp_path / "c"), "--trust", str(pub),
+                      timeout=60)  # export-c verifies the bundle first
     assert proc.returncode == 2
     assert "strata device export-c: operator 'Elu'" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "c" / "strata_policy.c").exists()

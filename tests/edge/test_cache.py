@@ -51,8 +51,7 @@ def test_discard_keeps_the_running_policy_and_remembers_the_rejection(tmp_path: 
     cache = _cache(tmp_path / "c", pub)
     _install(cache, cartpole_bundle(key, 1))
     bad = cartpole_bundle(key, 2)
-    cache.stage(bad)
-    cache.discard("health check failed")
+    cache.reject(bad, "health check failed")  # (was stage + discard: a failed bundle no longer touches a slot)
     assert cache.is_rejected(bad)
     loaded = _cache(tmp_path / "c", pub).load()
     assert loaded is not None and loaded.version == 1

@@ -130,12 +130,16 @@ def test_a_slot_holding_a_bundle_that_failed_its_health_check_is_never_loaded(tm
     root = tmp_path / "c"
     cache = _cache(root, pub)
     _install(cache, cartpole_bundle(key, 1))
-    cache.stage(cartpole_bundle(key, 2))  # goes into the other slot
-    cache.discard("health check failed")
-    cache.pointer_path.unlink()  # without a pointer the newest verified slot would win
+    bad = cartpole_bundle(key, 2)
+    cache.reject(bad, "health check failed")  # no slot is written for a rejected bundle
+    assert not cache.slot_path("b").exists()
+    # Planted in a slot anyway (as an older strata did), with the pointer gone: still never loaded.
+    cache.slot_path("b").write_bytes(bad.to_bytes())
+    cache.pointer_path.unlink()
     restarted = _cache(root, pub)
     assert _loaded_version(restarted) == 1
     assert any("failed its health check" in e for e in restarted.events)
+    assert restarted.verifier.highest_accepted("cartpole") == 1
 
 
 def test_an_unwritable_cache_reports_the_failed_install_and_keeps_the_committed_policy(tmp_path: Path,
@@ -167,10 +171,10 @@ _KILLER = textwrap.dedent("""
 
     cache = PolicyCache(Path(root), trust=TrustStore([load_public_key(pub)]), on_phase=on_phase)
     assert cache.load().version == 2
-    cache.stage(cartpole_bundle(load_signing_key(key), 3))
     if phase_to_die == "discarded":
-        cache.discard("health check failed")
+        cache.reject(cartpole_bundle(load_signing_key(key), 3), "health check failed")
     else:
+        cache.stage(cartpole_bundle(load_signing_key(key), 3))
         cache.commit()
 """)
 
@@ -188,9 +192,13 @@ def test_kill_9_at_every_step_then_corruption_still_starts_on_a_verified_policy(
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     restarted = _cache(root, pub)
     assert _loaded_version(restarted) == expected, restarted.events
-    # then the active slot rots: the node still starts on a verified bundle (never on a rejected one)
+    # then the active slot rots: the node starts on a committed bundle, never on a rejected or uncommitted one.
+    # "staged": v3 was written but never committed (the floor is still 2), so it is not activated (it was 3
+    # before the cache knew which slots were committed); "discarded": the rejected v3 never overwrote the
+    # fallback v1, which the node now falls back to (it had no policy at all before).
     assert restarted.pointer is not None
     restarted.slot_path(restarted.pointer.active).write_bytes(b"rot")
     fallen = _cache(root, pub)
     version = _loaded_version(fallen)
-    assert version == {"staged": 3, "committed": 2, "discarded": None}[phase], fallen.events
+    assert version == {"staged": None, "committed": 2, "discarded": 1}[phase], fallen.events
+    assert fallen.verifier.highest_accepted("cartpole") == {"staged": 2, "committed": 3, "discarded": 2}[phase]

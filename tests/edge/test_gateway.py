@@ -212,10 +212,11 @@ def test_strata_device_run_without_a_policy_is_a_clean_error(mosquitto: Mosquitt
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
-def test_strata_device_export_c_smoke(micro: Bundle, tmp_path: Path) -> None:
+def test_strata_device_export_c_smoke(micro: Bundle, keys: Path, tmp_path: Path) -> None:
     path = tmp_path / "micro.bundle"
     path.write_bytes(micro.to_bytes())
-    proc = run_strata("device", "export-c", "--bundle", str(path), "--out", str(tmp_path / "c"), timeout=60)
+    proc = run_strata("device", "export-c", "--bundle", str(path), "--out", str(tmp_path / "c"), "--trust",
+                      str(keys / "strata-signing.pub"), timeout=60)  # export-c verifies the bundle first
     assert proc.returncode == 0, proc.stderr
     exe = tmp_path / "policy"
     subprocess.run(["gcc", "-std=c99", "-O2", "-o", str(exe), str(tmp_path / "c" / "strata_policy.c"),

@@ -25,7 +25,7 @@ from tests.functions.test_runtime import H, lambda_client
 MODEL = botocore.session.get_session().get_service_model("lambda")
 ARN = "arn:aws:lambda:us-east-1:000000000000:function:"
 # AWS answers an oversized Invoke with RequestEntityTooLargeException, a code botocore's model does not list.
-UNMODELLED_BUT_SENT_BY_AWS = {"RequestEntityTooLargeException"}
+UNMODELLED_BUT_SENT_BY_AWS = {"RequestEntityTooLargeException", "ValidationException"}
 
 SPECS = [
     FunctionSpec(name="echo", handler=H + "echo", memory_mb=256, timeout_s=2.5, versions=("1", "2"),

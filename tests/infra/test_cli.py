@@ -28,10 +28,10 @@ def test_plan_apply_apply_rollback_destroy(aws_env: MotoServer, tmp_path: Path, 
     base = flags(state, cache_dir, source_snapshot)
     r = run_strata("infra", "plan", *base, "--edge-nodes", "n1", "--memory-mb", "256")
     assert r.returncode == 0, r.stderr
-    assert "9 to create" in r.stdout and "+ lambda_function strata-smoke-rollout" in r.stdout
+    assert "11 to create" in r.stdout and "+ lambda_function strata-smoke-rollout" in r.stdout
     r = run_strata("infra", "apply", *base, "--edge-nodes", "n1", "--memory-mb", "256")
     assert r.returncode == 0, r.stderr
-    assert "apply: changed 9 resource(s)" in r.stdout
+    assert "apply: changed 11 resource(s)" in r.stdout
     creds = json.loads((state / "smoke" / "iot" / "n1" / "credentials.json").read_text())
     assert creds["node"] == "n1" and creds["kind"] == "strata-aws-iot-credentials"
     # No flags: the recorded config is reused, and nothing changes.
@@ -50,7 +50,7 @@ def test_plan_apply_apply_rollback_destroy(aws_env: MotoServer, tmp_path: Path, 
     assert "strata infra: error: destroy --stage smoke: needs confirmation; pass --yes" in r.stderr
     r = run_strata("infra", "destroy", "--stage", "smoke", "--state-dir", str(state), "--yes")
     assert r.returncode == 0, r.stderr
-    assert "destroy: deleted 9 resource(s)" in r.stdout
+    assert "destroy: deleted 11 resource(s)" in r.stdout
     assert lam.list_functions()["Functions"] == [] and not (state / "smoke.json").exists()
 
 
@@ -77,7 +77,7 @@ def test_apply_dry_run_changes_nothing(aws_env: MotoServer, tmp_path: Path, cach
                                        source_snapshot: Path) -> None:
     r = run_strata("infra", "apply", *flags(tmp_path / "state", cache_dir, source_snapshot), "--dry-run")
     assert r.returncode == 0, r.stderr
-    assert "would create s3_bucket strata-smoke-" in r.stdout and "apply: would change 6 resource(s)" in r.stdout
+    assert "would create s3_bucket strata-smoke-" in r.stdout and "apply: would change 8 resource(s)" in r.stdout
     assert boto3.client("lambda", region_name="us-east-1").list_functions()["Functions"] == []
 
 
@@ -147,10 +147,12 @@ def test_functions_serve_from_a_dead_endpoint_is_one_error_line(tmp_path: Path) 
 
 def test_a_trusted_key_file_is_read_into_the_config(tmp_path: Path) -> None:
     from cloud.cli import build_parser
+    from device import generate_keypair
     from infra._cli import _overrides
 
-    pem = "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA\n-----END PUBLIC KEY-----\n"
-    (tmp_path / "signer.pub").write_text(pem)
+    # A real key: the value is parsed as an Ed25519 public key now (a truncated PEM is refused).
+    _, pub = generate_keypair(tmp_path, name="signer")
+    pem = pub.read_text()
     args = build_parser().parse_args(["infra", "plan", "--stage", "s", "--trusted-public-key",
                                       str(tmp_path / "signer.pub"), "--edge-nodes", "a", "b"])
     assert _overrides(args) == {"stage": "s", "trusted_public_key": pem, "edge_nodes": ("a", "b")}

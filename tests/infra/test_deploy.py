@@ -22,7 +22,8 @@ from infra._template import WRITERS, writer_for
 from tests._services import MotoServer
 from tests.infra.conftest import MakeConfig
 
-ALL_KINDS = {"s3_bucket", "iam_role", "lambda_function", "lambda_alias", "iot_policy", "iot_thing", "iot_certificate"}
+ALL_KINDS = {"s3_bucket", "sqs_queue", "iam_role", "lambda_function", "lambda_alias", "lambda_event_invoke_config",
+             "iot_policy", "iot_thing", "iot_certificate"}
 
 
 def c(service: str) -> Any:
@@ -43,6 +44,7 @@ def leftovers() -> dict[str, list[str]]:
         "things": [t["thingName"] for t in iot.list_things()["things"]],
         "certificates": [x["certificateId"] for x in iot.list_certificates()["certificates"]],
         "policies": [p["policyName"] for p in iot.list_policies()["policies"]],
+        "queues": c("sqs").list_queues().get("QueueUrls", []),
     }
 
 
@@ -52,8 +54,8 @@ def test_every_kind_is_registered_everywhere() -> None:
 
 @pytest.mark.parametrize("lookup", [reader_for, operations_for, writer_for])
 def test_an_unknown_kind_raises_instead_of_being_skipped(lookup: Any) -> None:
-    with pytest.raises(UnknownResourceKindError, match=re.escape("resource kind 'sqs_queue'")):
-        lookup("sqs_queue")
+    with pytest.raises(UnknownResourceKindError, match=re.escape("resource kind 'sns_topic'")):
+        lookup("sns_topic")
 
 
 def test_plan_on_an_empty_account_creates_everything_in_dependency_order(
@@ -63,7 +65,7 @@ def test_plan_on_an_empty_account_creates_everything_in_dependency_order(
     kinds = [s.kind for s in p.steps]
     assert kinds == sorted(kinds, key=KIND_ORDER.index)
     assert kinds.count("iot_certificate") == 2 and kinds.count("lambda_function") == 2
-    assert "12 to create, 0 to update, 0 to delete, 0 unchanged" in p.render()
+    assert "14 to create, 0 to update, 0 to delete, 0 unchanged" in p.render()
     assert not state_dir.joinpath("test.json").exists()  # planning records nothing
     assert leftovers()["buckets"] == []  # and creates nothing
 
@@ -72,14 +74,14 @@ def test_apply_is_idempotent_and_records_a_versioned_state(aws_env: MotoServer, 
                                                            state_dir: Path) -> None:
     config = make_config()
     first = apply(config, state_dir=state_dir)
-    assert len(first.changes) == 12
+    assert len(first.changes) == 14
     again = apply(config, state_dir=state_dir)
     assert again.changes == ()
     assert "No changes" in again.render()
     state = json.loads((state_dir / "test.json").read_text())
     assert state["schema_version"] == SCHEMA_VERSION
     assert state["config"]["edge_nodes"] == ["node-a", "node-b"]
-    assert len(state["resources"]) == 12
+    assert len(state["resources"]) == 14
     fn = c("lambda").get_function(FunctionName="strata-test-rollout")
     assert fn["Configuration"]["MemorySize"] == 512 and fn["Configuration"]["Timeout"] == 30
     assert fn["Configuration"]["Handler"] == "functions._handlers.rollout_handler"
@@ -157,7 +159,7 @@ def test_a_failed_apply_completes_when_run_again(aws_env: MotoServer, make_confi
         apply(config, state_dir=state_dir, after_step=crash_after_three)
     assert len(StateStore(state_dir, "test").load().resources) == 3
     resumed = apply(config, state_dir=state_dir)
-    assert len(resumed.changes) == 9  # only what was not done yet
+    assert len(resumed.changes) == 11  # only what was not done yet
     assert plan(config, state_dir=state_dir).changes == ()
 
 
@@ -201,7 +203,8 @@ def test_the_execution_role_is_least_privilege(aws_env: MotoServer, make_config:
                   ("rollout", "ping")]
         for resource in resources:  # exact names: no strata-test-* that would cover stage test-x's logs
             assert resource in (f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*", *groups,
-                                *(f"{g}:log-stream:*" for g in groups)), resource
+                                *(f"{g}:log-stream:*" for g in groups),
+                                "arn:aws:sqs:us-east-1:123456789012:strata-test-rollout-failures"), resource
     assert iam.list_attached_role_policies(RoleName="strata-test-lambda")["AttachedPolicies"] == []
 
 
@@ -233,7 +236,8 @@ def test_each_node_gets_a_thing_a_certificate_and_a_policy_scoped_to_its_stage(
     assert creds["endpoint"].endswith("-ats.iot.us-east-1.amazonaws.com")  # moto makes up a new one per call
     assert creds["client_id"] == "test.lab.node-a" and creds["fleet"] == "test.lab" and creds["port"] == 8883
     assert "BEGIN RSA PRIVATE KEY" in creds["private_key_pem"] or "PRIVATE KEY" in creds["private_key_pem"]
-    assert Path(creds["certificate_file"]).read_text() == creds["certificate_pem"]
+    assert creds["certificate_file"] == "certificate.pem.crt"  # relative to the credentials file's folder
+    assert (creds_path.parent / creds["certificate_file"]).read_text() == creds["certificate_pem"]
     cert_arn = creds["certificate_arn"]
     assert iot.list_principal_things(principal=cert_arn)["things"] == ["strata-test_node-a"]
     assert [p["policyName"] for p in iot.list_attached_policies(target=cert_arn)["policies"]] == [
@@ -260,10 +264,10 @@ def test_destroy_leaves_nothing_behind_even_a_versioned_non_empty_bucket(
     s3.delete_object(Bucket=bucket, Key="rollouts/r-1/000000.bin")
     s3.put_object(Bucket=bucket, Key="bundles/cartpole/000000001.bundle", Body=b"x")
     p = destroy_plan("test", state_dir=state_dir)
-    assert len(p.changes) == 12 and all(s.action == "delete" for s in p.changes)
+    assert len(p.changes) == 14 and all(s.action == "delete" for s in p.changes)
     destroy("test", state_dir=state_dir)
     assert leftovers() == {"buckets": [], "functions": [], "roles": [], "things": [], "certificates": [],
-                           "policies": []}
+                           "policies": [], "queues": []}
     assert not (state_dir / "test.json").exists() and not (state_dir / "test").exists()  # credentials too
     assert destroy_plan("test", state_dir=state_dir).changes == ()
 
@@ -274,7 +278,7 @@ def test_destroy_finds_resources_by_name_when_the_state_file_is_lost(
     (state_dir / "test.json").unlink()
     destroy("test", state_dir=state_dir, config=make_config(edge_nodes=()))
     assert leftovers() == {"buckets": [], "functions": [], "roles": [], "things": [], "certificates": [],
-                           "policies": []}
+                           "policies": [], "queues": []}
 
 
 def test_a_state_file_from_a_newer_strata_is_refused(state_dir: Path) -> None:
@@ -300,10 +304,10 @@ def test_a_recorded_kind_this_strata_does_not_know_stops_the_plan(aws_env: MotoS
 
     store = StateStore(state_dir, "test")
     state = store.load()
-    state.put(Record(kind="sqs_queue", name="q", attributes={}, ids={}))
+    state.put(Record(kind="sns_topic", name="q", attributes={}, ids={}))
     store.save(state)
     with pytest.raises(UnknownResourceKindError, match=re.escape("reader_for: no reader for resource kind "
-                                                                 "'sqs_queue'")):
+                                                                 "'sns_topic'")):
         plan(make_config(), state_dir=state_dir)
 
 

@@ -47,3 +47,36 @@ def test_apply_writes_one_private_kit_per_node(aws_env: MotoServer, tmp_path: Pa
         assert (kit / "private.pem.key").read_text().strip() not in r.stdout + r.stderr  # never logged
     assert (tmp_path / "kits" / "n1" / "private.pem.key").read_bytes() != \
         (tmp_path / "kits" / "n2" / "private.pem.key").read_bytes()
+
+
+def test_kits_and_credentials_hold_paths_relative_to_themselves_and_work_once_moved(
+        aws_env: MotoServer, tmp_path: Path, cache_dir: Path, source_snapshot: Path) -> None:
+    import shutil
+
+    from edge._provision import plan_install
+
+    _, pub = make_keys(tmp_path / "keys")
+    work = tmp_path / "work"
+    work.mkdir()
+    # apply runs in a folder of its own with a relative --state-dir and --kits, as the docs show
+    r = run_strata("infra", "apply", *flags(Path("state"), cache_dir, source_snapshot, "--edge-nodes", "n1"),
+                   "--kits", "kits", "--trust", str(pub), cwd=work)
+    assert r.returncode == 0, r.stderr
+    creds_folder = work / "state" / "smoke" / "iot" / "n1"
+    creds = json.loads((creds_folder / "credentials.json").read_text())
+    assert (creds["certificate_file"], creds["private_key_file"]) == ("certificate.pem.crt", "private.pem.key")
+    # Both folders travel to the node; nothing they hold names where they were made.
+    node = tmp_path / "node"
+    shutil.move(str(work / "kits" / "n1"), node / "kit")
+    shutil.copytree(creds_folder, node / "creds")
+    shutil.rmtree(work)
+    moved = json.loads((node / "creds" / "credentials.json").read_text())
+    for key in ("certificate_file", "private_key_file"):
+        assert (node / "creds" / moved[key]).read_text() == moved[key.replace("_file", "_pem")]
+    assert str(tmp_path) not in (node / "kit" / "edge.toml").read_text()
+    config = load_layered(EDGE_LAYOUT, file=node / "kit" / "edge.toml", environ={}, flags={}).config
+    for path in (config.cert_file, config.key_file, config.ca_file, *config.trust):
+        assert Path(path).is_file() and Path(path).parent == node / "kit", path
+    planned = plan_install(node / "kit", prefix=tmp_path / "root", executable="/usr/bin/strata", user="root")
+    by_name = {f.path.name: f.data for f in planned.files}
+    assert by_name["private.pem.key"] == (node / "kit" / "private.pem.key").read_bytes()

@@ -62,7 +62,7 @@ def test_destroy_dry_run_says_would_delete_and_deletes_nothing(
     r = run_strata("infra", "destroy", "--stage", "dry", "--state-dir", str(state), "--dry-run")
     assert r.returncode == 0, r.stderr
     assert "would delete lambda_function strata-dry-rollout" in r.stdout
-    assert "destroy: would delete 6 resource(s)" in r.stdout and "deleted" not in r.stdout.replace(
+    assert "destroy: would delete 8 resource(s)" in r.stdout and "deleted" not in r.stdout.replace(
         "would delete", "")
     names = [f["FunctionName"] for f in boto3.client("lambda", region_name="us-east-1").list_functions()["Functions"]]
     assert sorted(names) == ["strata-dry-ping", "strata-dry-rollout"] and (state / "dry.json").exists()

@@ -47,6 +47,12 @@ def snapshot(stage: str, state_dir: Path) -> dict[str, Any]:
             out[record.key] = c("s3").head_bucket(Bucket=record.name)["ResponseMetadata"]["HTTPStatusCode"]
         elif record.kind == "iam_role":
             out[record.key] = c("iam").get_role(RoleName=record.name)["Role"]["Arn"]
+        elif record.kind == "sqs_queue":
+            out[record.key] = c("sqs").get_queue_url(QueueName=record.name)["QueueUrl"]
+        elif record.kind == "lambda_event_invoke_config":
+            fn, alias = record.name.split(":")
+            got = lam.get_function_event_invoke_config(FunctionName=fn, Qualifier=alias)
+            out[record.key] = got["DestinationConfig"]["OnFailure"]["Destination"]
     return out
 
 
@@ -56,7 +62,8 @@ def two_stages(make_config: MakeConfig, state_dir: Path) -> dict[str, Any]:
         apply(make_config(stage=stage, edge_nodes=(node,)), state_dir=state_dir)
         apply(make_config(stage=stage, edge_nodes=(node,), memory_mb=640), state_dir=state_dir)
     other = snapshot("dev-x", state_dir)
-    assert len(other) == 9 and other["lambda_alias/strata-dev-x-rollout:dev-x"] == "2"
+    assert len(other) == 11 and other["lambda_alias/strata-dev-x-rollout:dev-x"] == "2"
+    assert other["sqs_queue/strata-dev-x-rollout-failures"].endswith("/strata-dev-x-rollout-failures")
     assert other["iot_certificate/strata-dev-x_n1"] == ("ACTIVE", ["strata-dev-x_n1"], ["strata-dev-x_n1"])
     return other
 
