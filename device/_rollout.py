@@ -28,7 +28,7 @@ decodes the table, so a learner always gets plain arrays.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,35 +110,48 @@ class RolloutBatch:
         A codec is used only where it applies (uint8 observations with two or more axes); the header records the
         one that was, so the receiver needs no configuration.
         """
+        meta, arrays = self.to_parts(codec)
+        return pack_arrays({"kind": "rollout_batch", **meta}, arrays)
+
+    def to_parts(self, codec: ObsCodec | None = None) -> tuple[dict[str, object], dict[str, np.ndarray]]:
+        """The header fields and arrays of `to_bytes`, for a message that carries a batch among other fields."""
         arrays = {name: getattr(self, name) for name in _REQUIRED}
         arrays.update({name: getattr(self, name) for name in _OPTIONAL if getattr(self, name) is not None})
-        meta: dict[str, object] = {"kind": "rollout_batch", "source": self.source, "obs_codec": "raw"}
+        meta: dict[str, object] = {"source": self.source, "obs_codec": "raw"}
         if codec is not None and not codec.is_raw and is_image(self.obs_shape, self.obs.dtype):
             frames_meta, frame_arrays = encode_frames({n: arrays.pop(n) for n in _FRAMED}, codec,
                                                       obs_shape=self.obs_shape)
             meta.update(obs_codec=codec.spec, frames=frames_meta)
             arrays.update(frame_arrays)
-        return pack_arrays(meta, arrays)
+        return meta, arrays
 
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview) -> RolloutBatch:
         """Decode a message made by `to_bytes`; raise `WireError` when it is not a rollout batch."""
         meta, arrays = unpack_arrays(data)
-        if meta.get("kind") != "rollout_batch" or not isinstance(meta.get("source"), str):
+        if meta.get("kind") != "rollout_batch":
             raise WireError(f"RolloutBatch.from_bytes: message kind {meta.get('kind')!r} is not 'rollout_batch'")
+        return cls.from_parts(meta, arrays)
+
+    @classmethod
+    def from_parts(cls, meta: Mapping[str, object], arrays: Mapping[str, np.ndarray]) -> RolloutBatch:
+        """Invert `to_parts` (frame tables decoded); raise `WireError` when the parts do not form a batch."""
+        if not isinstance(meta.get("source"), str):
+            raise WireError(f"RolloutBatch.from_parts: source {meta.get('source')!r:.80} is not a string")
+        arrays = dict(arrays)
         if "frames" in meta:
             frames = meta["frames"]
             if not isinstance(frames, dict) or sorted(frames.get("arrays") or ()) != sorted(_FRAMED):
-                raise WireError("RolloutBatch.from_bytes: the frame table must hold obs, final_obs and next_obs")
+                raise WireError("RolloutBatch.from_parts: the frame table must hold obs, final_obs and next_obs")
             arrays.update(decode_frames(frames, arrays))
         missing = [n for n in _REQUIRED if n not in arrays]
         if missing:
-            raise WireError(f"RolloutBatch.from_bytes: missing arrays {missing}")
+            raise WireError(f"RolloutBatch.from_parts: missing arrays {missing}")
         try:
-            return cls(source=meta["source"], obs_codec=str(meta.get("obs_codec", "raw")),
+            return cls(source=str(meta["source"]), obs_codec=str(meta.get("obs_codec", "raw")),
                        **{n: arrays[n] for n in (*_REQUIRED, *_OPTIONAL) if n in arrays})
-        except ValueError as exc:
-            raise WireError(f"RolloutBatch.from_bytes: {exc}") from exc
+        except (TypeError, ValueError) as exc:
+            raise WireError(f"RolloutBatch.from_parts: {exc}") from exc
 
     @staticmethod
     def concat_envs(batches: list[RolloutBatch], *, source: str | None = None) -> RolloutBatch:

@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from device import MqttTopicName, RolloutBatch, WireError, mqtt_topic, pack_arrays, unpack_arrays
+from device import MqttTopicName, ObsCodec, RolloutBatch, WireError, mqtt_topic, pack_arrays, unpack_arrays
 from device._mqtt_access import MQTT_PREFIX as PREFIX
 from device._names import IDENTIFIER_FORM, is_identifier, shown
 from edge._errors import EdgeConfigError, PayloadError
@@ -502,17 +502,18 @@ class Experience:
     record_id: int
     node: str
     batch: RolloutBatch
+    codec: ObsCodec | None = None
+    """Observation codec of image observations (the node's pipeline codec); None or raw: arrays as they are."""
 
     def encode(self) -> bytes:
-        """Raw-buffer payload: the batch's arrays, with node and record id in the meta."""
-        b = self.batch
-        arrays = {name: getattr(b, name) for name in ("obs", "actions", "rewards", "terminations", "truncations",
-                                                       "final_obs", "next_obs", "policy_version", "worker", "seq")}
-        data = pack_arrays({"kind": "experience", "record_id": self.record_id, "node": self.node,
-                            "source": b.source}, arrays)
+        """Raw-buffer payload: the batch's arrays (images as a frame table), with node and record id in the meta."""
+        meta, arrays = self.batch.to_parts(self.codec)
+        data = pack_arrays({"kind": "experience", "record_id": self.record_id, "node": self.node, **meta}, arrays)
         if len(data) > AWS_MAX_PAYLOAD:
+            hint = "" if self.codec is not None and not self.codec.is_raw else \
+                " or compress image observations (--obs-codec webp)"
             raise EdgeConfigError(f"Experience.encode: {len(data)} bytes exceeds {AWS_MAX_PAYLOAD}; "
-                                  "collect fewer steps per record")
+                                  f"collect fewer steps per record (--experience-steps){hint}")
         return data
 
     @classmethod
@@ -524,9 +525,10 @@ class Experience:
             raise PayloadError(topic, f"experience is not a raw-buffer message: {exc}") from None
         if meta.get("kind") != "experience":
             raise PayloadError(topic, f"expected kind 'experience', got {meta.get('kind')!r}")
+        _field(topic, meta, "source", str)
         try:
-            batch = RolloutBatch(source=_field(topic, meta, "source", str), **arrays)
-        except (TypeError, ValueError) as exc:
+            batch = RolloutBatch.from_parts(meta, arrays)
+        except WireError as exc:
             raise PayloadError(topic, f"experience arrays do not form a RolloutBatch: {exc}") from None
         return cls(record_id=_field(topic, meta, "record_id", int), node=_field(topic, meta, "node", str),
                    batch=batch)

@@ -342,3 +342,59 @@ def test_ppo_trains_a_cnn_on_pixels_in_the_functions_mode(tmp_path: Path, monkey
     assert manifest.preprocessing["pipeline"] == {"frame_stack": 2, "obs_codec": "webp:85"}
     assert manifest.observation_space["low"] == 0.0 and len(manifest.to_bytes()) < 4096
     assert json.loads(json.dumps(dataclasses.asdict(config)))["obs_codec"] == "webp"
+
+
+# -- the edge -----------------------------------------------------------------------------------------------------
+
+def test_the_edge_acts_through_the_pipeline_and_sends_image_experience_through_its_codec(tmp_path: Path) -> None:
+    import sqlite3
+
+    from edge import EdgeAgent, EdgeAgentConfig, EdgeConfigError, Experience
+
+    pipeline = ObsPipeline(frame_stack=2, obs_codec="webp:80")
+    bundle, publisher = cnn_bundle(tmp_path / "run", pipeline)
+    config = EdgeAgentConfig(fleet="f", node_id="n1", cache_dir=str(tmp_path / "n1"),
+                             trust=(str(publisher.public_key),), env=PIXELS, frame_stack=2, obs_codec="webp:80",
+                             experience_steps=8, steps=24, telemetry_interval_s=3600.0)
+    agent = EdgeAgent(config)
+    agent.cache.stage(agent.cache.verify(bundle))
+    agent.cache.commit()
+    agent.start()
+    try:
+        assert agent.version == 1  # the CNN, in onnxruntime
+        agent.run()
+    finally:
+        agent.close(drain_s=0.0)
+    with sqlite3.connect(tmp_path / "n1" / "outbox.sqlite") as db:
+        rows = db.execute("SELECT topic, payload FROM records ORDER BY id").fetchall()
+    records = [Experience.decode(topic, bytes(payload)) for topic, payload in rows if topic.endswith("/experience")]
+    assert len(records) == 3
+    batches = [r.batch for r in records]
+    assert all(b.obs_codec == "webp:80" and b.obs.dtype == np.uint8 and b.obs.shape == (8, 1, 2, 40, 40, 3)
+               for b in batches)
+    # what the node saw is what the same pipeline makes: the lossy round trip of each frame, stacked
+    actions = np.concatenate([b.actions[:, 0] for b in batches])
+    obs = np.concatenate([b.obs[:, 0] for b in batches])
+    assert np.array_equal(obs, replay(actions, pipeline, seed=0))
+    # uncompressed, 8 steps of these frames would not fit AWS IoT's 128 KB message
+    with pytest.raises(EdgeConfigError, match=r"exceeds 131072; collect fewer steps per record \(--experience-steps\) "
+                                              r"or compress image observations \(--obs-codec webp\)"):
+        Experience(record_id=1, node="n1", batch=batches[0]).encode()
+
+
+def test_the_edge_refuses_a_policy_trained_through_another_pipeline(tmp_path: Path) -> None:
+    from device import Bundle
+    from edge import HealthConfig, check_policy
+
+    data, _ = cnn_bundle(tmp_path, ObsPipeline(frame_stack=2, obs_codec="webp:80"))
+    bundle = Bundle.from_bytes(data)
+    node = ObsPipeline(frame_stack=2, obs_codec="png")  # same shapes; the node's frames are not degraded
+    policy, report = check_policy(bundle, lambda: make_env(PIXELS, node),
+                                  HealthConfig(pipeline=node.to_json(), latency_budget_ms=5000.0))
+    assert policy is None and report.reason == (
+        "the policy was trained on observations through frame stack 2 and codec webp:80; this node makes frame "
+        "stack 2 and codec png: start the agent with --frame-stack 2 --obs-codec webp:80")
+    same = ObsPipeline(frame_stack=2, obs_codec="webp:80")
+    policy, report = check_policy(bundle, lambda: make_env(PIXELS, same),
+                                  HealthConfig(pipeline=same.to_json(), latency_budget_ms=5000.0))
+    assert policy is not None, report.reason
