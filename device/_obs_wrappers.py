@@ -41,8 +41,9 @@ def wrap(env: Any, frame_stack: int, codec: ObsCodec) -> Any:
     if codec.lossy:
         space = env.observation_space
         if not (isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) >= 2):
+            shown = f"{space.dtype}{list(space.shape)}" if isinstance(space, gym.spaces.Box) else f"{space!s:.80}"
             raise gym.error.Error(f"a lossy observation codec ({codec.spec}) needs image observations (uint8, two or "
-                                  f"more axes); this env observes {space}")
+                                  f"more axes); this env observes {shown}; drop --obs-quality")
         env = CodecRoundTrip(env, codec)
     if frame_stack > 1:
         env = gym.wrappers.FrameStackObservation(env, frame_stack)
