@@ -45,6 +45,7 @@ from device._mqtt_access import (
     MqttTopicName,
     mqtt_client_id,
     mqtt_topic,
+    shared_filter,
 )
 from device._names import host, identifier, inside, is_host, is_identifier, shown
 from device._obs_codec import ObsCodec, frame_shape, is_image
@@ -128,6 +129,7 @@ __all__ = [
     "require",
     "run_device",
     "seconds",
+    "shared_filter",
     "shown",
     "smallest_storage",
     "space_bounds",
