@@ -198,10 +198,10 @@ def _device_config_check(args: argparse.Namespace, checked: tuple[ConfigLayout, 
 
 def _device_run_check(args: argparse.Namespace) -> Any:
     """`strata device run`: the config check, and the env the device stands on (made once and closed)."""
-    from device._deps import make_env
+    from device._obs_pipeline import make_checked_env
 
     config = _device_config_checked(args)[1].config
-    env: Any = make_env(args.env, command="strata device run", extra="edge")
+    env: Any = make_checked_env(args.env, command="strata device run", extra="edge")
     env.close()
     return config
 

@@ -12,6 +12,7 @@ from typing import Any
 from device._bundle import MAX_MANIFEST_BYTES, MAX_MODEL_BYTES
 from device._bundle_errors import KeyFileError
 from device._keys import MAX_KEY_FILE_BYTES, parse_public_keys
+from device._obs_pipeline import MAX_FRAME_STACK
 from device._options import InputFile, Integer, Kind, Many, Matching, Name, Refused, Url
 
 MAX_BUNDLE_BYTES = MAX_MODEL_BYTES + MAX_MANIFEST_BYTES + 64 * 1024
@@ -37,6 +38,11 @@ BROKER_URL = Url(schemes=("mqtt", "mqtts", "tcp", "ssl"))
 SEED = Integer(min=0, max=2**32 - 1)
 """numpy and gymnasium take seeds 0 to 2**32 - 1."""
 FLEET = Name()
+FRAME_STACK = Integer(min=1, max=MAX_FRAME_STACK)
+"""Observations stacked per step by the observation pipeline (1: none)."""
+OBS_CODEC = Matching(pattern=r"(raw|png|webp|jxl)(:[0-9]{1,3})?", example="webp:90",
+                     words="raw, png, webp or jxl, lossy as webp:Q or jxl:Q (Q from 1 to 100)")
+"""An observation codec as a run records it (`device.ObsCodec`'s spec); the quality's range is checked there."""
 NODE = Name()
 STAGE = Matching(pattern=r"[a-z0-9][a-z0-9-]{0,19}", example="dev",
                  words="a stage name: 1-20 lowercase letters, digits or '-', starting with a letter or digit")

@@ -38,14 +38,28 @@ from device import (
     Bundle,
     BundleError,
     ConfigError,
+    ObsPipeline,
     TrustStore,
+    is_image,
     load_public_key,
     mqtt_client_id,
     require,
     shown,
 )
-from device._deps import make_env
-from device._kinds import CA_FILE, CERT_FILE, FLEET, KEY_FILE, MAX_PASSWORD_BYTES, NODE, PASSWORD_FILE, PUBLIC_KEY, SEED
+from device._kinds import (
+    CA_FILE,
+    CERT_FILE,
+    FLEET,
+    FRAME_STACK,
+    KEY_FILE,
+    MAX_PASSWORD_BYTES,
+    NODE,
+    OBS_CODEC,
+    PASSWORD_FILE,
+    PUBLIC_KEY,
+    SEED,
+)
+from device._obs_pipeline import make_checked_env, register_envs
 from device._options import (
     EnvId,
     Integer,
@@ -113,6 +127,11 @@ class EdgeAgentConfig:
     """Public key files (PEM) whose signatures are trusted."""
     env: str = declared(EnvId(), "CartPole-v1")
     """Gymnasium env id of the local simulator."""
+    frame_stack: int = declared(FRAME_STACK, 1)
+    """Observations stacked per step, as the policy was trained (its manifest's ``preprocessing.pipeline``)."""
+    obs_codec: str = declared(OBS_CODEC, "raw")
+    """Observation codec of the run that trained the policy (``webp``, ``webp:90``, ...): a lossy one is applied to
+    the simulator's frames as in training, and image experience records travel through it."""
     policy: str | None = declared(Name(), None)
     """Policy to follow; None follows whichever policy the fleet announces last."""
     serve_devices: bool = False
@@ -186,11 +205,21 @@ class EdgeAgentConfig:
         if self.key_file and not self.cert_file:
             raise EdgeConfigError("EdgeAgentConfig: key_file without cert_file; pass --cert-file too, or drop "
                                   "--key-file")
+        try:
+            self.pipeline  # noqa: B018  (checks frame_stack and obs_codec together)
+        except ConfigError as exc:
+            raise EdgeConfigError(f"EdgeAgentConfig: {exc}") from None
+
+    @property
+    def pipeline(self) -> ObsPipeline:
+        """The observation pipeline the simulator is made with (`device.make_env`)."""
+        return ObsPipeline(frame_stack=self.frame_stack, obs_codec=self.obs_codec)
 
     def health(self) -> HealthConfig:
         """The health-check settings."""
         return HealthConfig(deadline_s=self.health_deadline_s, latency_budget_ms=self.health_latency_budget_ms,
-                            min_return=self.health_min_return, episodes=self.health_episodes)
+                            min_return=self.health_min_return, episodes=self.health_episodes,
+                            pipeline=self.pipeline.to_json())
 
 
 @dataclass
@@ -286,10 +315,11 @@ class EdgeAgent:
                                   f"{self.config.cache_dir!r}: {exc}; pass a writable folder") from None
 
     def _default_env(self) -> Any:
-        return make_env(self.config.env, command="strata edge run", extra="edge")
+        return make_checked_env(self.config.env, self.config.pipeline, command="strata edge run", extra="edge")
 
     def _check_env(self) -> None:
         gym = require("gymnasium", extra="edge", purpose="the edge simulators")
+        register_envs()
         try:
             gym.spec(self.config.env)
         except gym.error.Error as exc:
@@ -654,7 +684,7 @@ class EdgeAgent:
         started = time.monotonic()
         next_report = started + cfg.telemetry_interval_s
         obs, _ = env.reset(seed=cfg.seed)
-        obs = np.asarray(obs, dtype=np.float32)
+        obs = _observation(obs)
         episode_return, episode_length = 0.0, 0
         returns: list[float] = []
         lengths: list[int] = []
@@ -688,11 +718,12 @@ class EdgeAgent:
                     continue
                 recording = experience is not None and experience.recording(policy)
                 t0 = time.perf_counter()
+                act_obs = np.asarray(obs, dtype=np.float32)  # image frames stay uint8 in the records
                 if recording:
                     assert experience is not None
-                    action, logp = experience.act(policy, obs)
+                    action, logp = experience.act(policy, act_obs)
                 else:
-                    action, logp = policy.act(obs), None
+                    action, logp = policy.act(act_obs), None
                 latency = time.perf_counter() - t0
                 version = policy.version
                 if version not in self.counters.first_act_at:
@@ -704,7 +735,7 @@ class EdgeAgent:
                     latencies.append(latency)
                 by_version[version] = by_version.get(version, 0) + 1
                 next_obs, reward, terminated, truncated, _ = env.step(action)
-                next_obs = np.asarray(next_obs, dtype=np.float32)
+                next_obs = _observation(next_obs)
                 self.counters.steps += 1
                 interval_steps += 1
                 episode_return += float(reward)
@@ -721,7 +752,7 @@ class EdgeAgent:
                     lengths.append(episode_length)
                     episode_return, episode_length = 0.0, 0
                     next_obs, _ = env.reset()
-                    next_obs = np.asarray(next_obs, dtype=np.float32)
+                    next_obs = _observation(next_obs)
                 obs = next_obs
                 if recording:
                     assert experience is not None
@@ -796,7 +827,9 @@ class _ExperienceTaker:
         space = policy.bundle.manifest.observation_space
         obs_shape = tuple(space.get("shape", ()))
         act_shape = tuple(policy.bundle.manifest.action_space.get("shape", ()))
-        self.fits = fits_payload(obs_shape, 4, act_shape, self.request.steps)
+        # Compressed image records are measured when encoded (a record over the limit is reported, not sent).
+        compressed = not cfg.pipeline.codec.is_raw and is_image(obs_shape, space.get("dtype", "float32"))
+        self.fits = compressed or fits_payload(obs_shape, 4, act_shape, self.request.steps)
         if not self.fits:
             self.agent._note_error(f"experience records of {self.request.steps} steps of observations "
                                    f"{list(obs_shape)} would exceed the 128 KB MQTT payload limit; nothing is "
@@ -810,7 +843,7 @@ class _ExperienceTaker:
             return True
         steps = self.request.steps
         if self.fits and self.budget.allow(record_bytes=1024 + steps * 64, steps=steps):
-            self.recorder = ExperienceRecorder(self.agent.config.node_id, steps)
+            self.recorder = ExperienceRecorder(self.agent.config.node_id, steps, self.agent.config.pipeline.codec)
             return True
         self.agent.counters.experience_skipped_steps += 1
         return False
@@ -848,6 +881,12 @@ class _ExperienceTaker:
         if record_id is not None:
             agent.counters.experience_records += 1
         agent._sender_wake.set()
+
+
+def _observation(obs: Any) -> np.ndarray:
+    """An env observation as the node keeps it: image frames (uint8) as they are, anything else as float32."""
+    a = np.asarray(obs)
+    return a if is_image(a.shape, a.dtype) else a.astype(np.float32)
 
 
 def read_password_file(path: str | Path) -> str:

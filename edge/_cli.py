@@ -242,8 +242,8 @@ def edge_run_check(config: Any) -> Any:
     """
     from device import TrustStore, load_public_key, shown
     from device._bundle import spaces_mismatch
-    from device._deps import make_env
     from device._mqtt import tls_context
+    from device._obs_pipeline import make_checked_env
     from edge._agent import read_password_file
     from edge._cache import peek_active
     from edge._errors import EdgeConfigError
@@ -262,7 +262,7 @@ def edge_run_check(config: Any) -> Any:
     if cached is None and config.broker is None:
         raise EdgeConfigError(f"no verified policy in --cache-dir {shown(config.cache_dir)} and no --broker to fetch "
                               "one from; pass --broker mqtt://HOST:1883")
-    env: Any = make_env(config.env, command="strata edge", extra="edge")
+    env: Any = make_checked_env(config.env, config.pipeline, command="strata edge", extra="edge")
     try:
         mismatch = None if cached is None else spaces_mismatch(cached.manifest, env.observation_space,
                                                                env.action_space)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from device import ConfigError, config_from_dict
+from device import ConfigError, ObsCodec, ObsPipeline, config_from_dict
+from device._kinds import FRAME_STACK
 from device._options import Integer, Many, Name, Number, check_fields, declared
 
 HIDDEN_SIZES = Many(item=Integer(min=1, max=65_536), min_items=1, max_items=16)
@@ -75,6 +76,18 @@ class PPOConfig:
     obs_clip: float = declared(Number(min=0.0, max=1e6, min_open=True), 10.0)
     """Clip normalised observations to +- this value."""
 
+    # --- image observations ---
+    frame_stack: int = declared(FRAME_STACK, 1)
+    """Observations stacked per step (gymnasium's FrameStackObservation; 1: none), in every mode and at the edge."""
+    obs_codec: Literal["raw", "png", "webp", "jxl"] = "raw"
+    """How image observations travel between env hosts and the learner (decoupled, fragments, functions, edge
+    experience): raw arrays, or PNG / WebP / JPEG-XL frames (Pillow; `pip install 'strata[images]'`)."""
+    obs_quality: int = declared(Integer(min=0, max=100), 0)
+    """0: the codec is lossless; 1-100: lossy quality (webp, jxl). A lossy codec is applied once where each frame
+    is made, so the policy learns from, acts on and is deployed with the decoded frames."""
+    network: Literal["auto", "mlp", "cnn"] = "auto"
+    """Policy network: auto picks the Nature CNN for image observations and the MLP (hidden_sizes) otherwise."""
+
     # --- rewards ---
     normalize_reward: bool = False
     """Scale the rewards the update sees by the running std of the discounted return (SB3's VecNormalize reward
@@ -111,8 +124,18 @@ class PPOConfig:
         if self.batch_size % self.num_minibatches:
             raise ConfigError(f"PPOConfig: num_envs * num_steps = {self.batch_size} must be divisible by "
                               f"num_minibatches = {self.num_minibatches}")
+        try:
+            self.pipeline  # noqa: B018  (checks frame_stack, obs_codec and obs_quality together)
+        except ConfigError as exc:
+            raise ConfigError(f"PPOConfig: {exc}") from None
 
     # --- derived values (computed here only) ---
+    @property
+    def pipeline(self) -> ObsPipeline:
+        """The observation pipeline every env of the run is made with."""
+        codec = ObsCodec.from_flags(self.obs_codec, self.obs_quality)
+        return ObsPipeline(frame_stack=self.frame_stack, obs_codec=codec.spec)
+
     @property
     def batch_size(self) -> int:
         """Transitions per rollout: ``num_envs * num_steps``."""
