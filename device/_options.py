@@ -359,6 +359,9 @@ def env_registered(env_id: str) -> bool | None:
         gymnasium = importlib.import_module("gymnasium")
     except ImportError:
         return None
+    from device._obs_pipeline import register_envs
+
+    register_envs()  # strata's own ids (strata/PixelCartPole-v1) are registered on first use
     try:
         gymnasium.spec(env_id)
     except Exception:

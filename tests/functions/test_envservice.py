@@ -241,4 +241,4 @@ def test_strata_envs_serve_refuses_an_unknown_env() -> None:
 
     result = run_strata("envs", "serve", "--env", "NoSuchEnv-v0", "--duration", "1", timeout=60)
     assert result.returncode == 2
-    assert "strata envs: error: EnvService: env 'NoSuchEnv-v0' is not a registered gymnasium env id" in result.stderr
+    assert "strata envs serve: error: --env 'NoSuchEnv-v0': is not a registered gymnasium env" in result.stderr
