@@ -68,8 +68,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="also checkpoint every this many updates (SAC: commits of --log-every env steps; "
                        "default: %(default)s); every stop writes one")
     train.add_argument("--rolling-checkpoint-s", type=seconds, default=ROLLING_EVERY_S, metavar="SECONDS",
-                       help="write the newest update in the background at most this often, so a kill -9 loses at "
-                       "most about this long of training (0: every update; default: %(default)s)")
+                       help="seconds between two rolling checkpoints, what a kill -9 resumes from (default: "
+                       "%(default)s, every update: a kill -9 loses at most one update; N: the newest update at most "
+                       "every N s, so a kill -9 loses about N s of training)")
     add_config_arguments(train.add_argument_group("PPO hyperparameters (PPOConfig)"), PPOConfig)
     add_config_arguments(train.add_argument_group(
         "SAC hyperparameters (SACConfig, --algo sac; the PPO flags SAC shares, such as --gamma, --hidden-sizes and "

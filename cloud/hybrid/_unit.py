@@ -181,8 +181,8 @@ def run_unit(spec: UnitSpec) -> HybridResult:
                     values |= unit.merge(batch, episodes)
                     decision = unit.decide()
                     values |= unit.switch(decision)
-                    unit.publish(values, display)
                     unit.commit()
+                    unit.publish(values, display)
                     if decision[0] != STOP_NONE:
                         break
             return unit.result()
@@ -193,7 +193,7 @@ def run_unit(spec: UnitSpec) -> HybridResult:
 class Unit:
     """One unit's state between updates, and the steps of an iteration.
 
-    The steps are collect, update, merge, decide, switch, publish and commit; building a unit builds its learner,
+    The steps are collect, update, merge, decide, switch, commit and publish; building a unit builds its learner,
     sources and group and, on rank 0, the leader's services.
     """
 

@@ -6,10 +6,11 @@ One iteration reads like the method; each step is a method of `PPORun`, testable
     update           one PPO update on it; the normaliser folds in the batch; the version becomes v + 1
     observe          the episodes that ended join the moving mean of returns
     switch           the switcher's boundary: a requested or rule-driven switch happens here, and is logged
+    commit           the completed update becomes what any stop keeps (before it is logged: a version in
+                     metrics.jsonl is at most one update past the checkpoint a SIGKILL resumes from)
     publish          metrics.jsonl, the progress display and the control endpoint's status
     decide_to_stop   the target return reached (the moving mean's crossing, or a confirmation of the greedy
                      policy); the budget is the loop's condition
-    commit           the completed update becomes what any stop keeps
 
 The run dir holds ``checkpoints/{version:09d}.pt`` (see `cloud.runs._checkpoint`) and ``metrics.jsonl``
 (see `cloud.runs._metrics`). The policy version is the number of completed PPO updates; a resumed run
@@ -218,9 +219,9 @@ def train(
                 values = run.update(batch)
                 values |= run.observe(episodes)
                 values |= run.switch()
+                run.commit()
                 run.publish(values, display)
                 run.decide_to_stop()
-                run.commit()
         return run.result(session.finish())
 
 
