@@ -47,7 +47,7 @@ def metric_lines(run: Path) -> int:
 
 
 @contextlib.contextmanager
-def training(run: Path, *extra: str) -> Iterator[subprocess.Popen[str]]:
+def training(run: Path, *extra: str, group: bool = False) -> Iterator[subprocess.Popen[str]]:
     """`strata train` with a budget it never reaches, killed on the way out if the test left it running; its output
     goes to files (a pipe would stay open as long as any child that inherited it lives, hiding the failure this
     module looks for)."""
@@ -55,7 +55,7 @@ def training(run: Path, *extra: str) -> Iterator[subprocess.Popen[str]]:
     with (run.parent / "stdout").open("w") as out, (run.parent / "stderr").open("w") as err:
         proc = subprocess.Popen([STRATA, "train", "--env", "CartPole-v1", "--total-steps", "10000000", "--run-dir",
                                  str(run), "--checkpoint-every", "1000", *TINY, *extra], stdout=out, stderr=err,
-                                text=True)
+                                text=True, start_new_session=group)  # group: its own process group, to signal
     try:
         yield proc
     finally:
@@ -351,6 +351,24 @@ def test_nothing_outlives_the_trainer_in_any_mode(signum: int, tmp_path: Path) -
     assert logged - int(state["version"]) <= 1
     if signum == signal.SIGTERM:
         assert "stopped by SIGTERM" in out
+    assert_resumes_exactly(run)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_whole_process_group_is_reported_once_by_the_trainer(signum: int, tmp_path: Path) -> None:
+    """What `timeout`, systemd and a terminal's Ctrl-C send: every process of the group gets the signal."""
+    run = tmp_path / "run"
+    with training(run, "--modes", "colocated", "decoupled", group=True) as proc:
+        wait_for(lambda: metric_lines(run) >= 3, "three updates")
+        children = descendants(proc.pid)
+        assert any("envs serve" in cmdline(pid) for pid in children) and shm_segments(proc.pid)
+        os.killpg(proc.pid, signum)
+        out, err = stopped(proc, run)
+    assert proc.returncode == 128 + signum, err
+    assert "Traceback" not in err and "StopSignal" not in err, err
+    assert len([line for line in out.splitlines() if "stopped by" in line]) == 1, out
+    wait_for(lambda: not still_running(children), "every child of the trainer to exit")
+    wait_for(lambda: not shm_segments(proc.pid), "the pool's shared memory to be unlinked")
     assert_resumes_exactly(run)
 
 
