@@ -231,6 +231,13 @@ def _train_sac(args: argparse.Namespace) -> int:
     newest = latest_checkpoint(args.run_dir) if args.resume else None
     if newest is not None:  # the checkpoint's hyperparameters, unless flags override them
         state = load_checkpoint(newest)
+        if (state.get("algo") == "sac" and state.get("env_id") == args.env and int(state["version"]) >= args.total_steps
+                and (args.run_dir / "policy.onnx").exists()):
+            # Finished: its policy is exported and evaluated; a rerun would repeat that and log it twice.
+            print(f"strata train: run dir {args.run_dir} holds a finished SAC run ({int(state['version']):,} env "
+                  f"steps; policy {args.run_dir / 'policy.onnx'}); nothing to do; pass a --total-steps above "
+                  f"{int(state['version']):,} to train it further")
+            return 0
         if state.get("algo") == "sac":  # else train_sac refuses with the reason
             given = {f.name for f in dataclasses.fields(SACConfig) if getattr(args, f.name, None) is not None}
             config = dataclasses.replace(SACConfig.from_dict(state["config"]),

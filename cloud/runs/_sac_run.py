@@ -117,7 +117,8 @@ def train_sac(config: SACConfig | None, *, env_id: str, run_dir: Path, seed: int
         if state is not None:
             trainer.load_state_dict(state, seed=seed)
         session.begin(mode=config.env_mode, step=trainer.global_step, version=trainer.global_step, control=status)
-        trainer.run(total_steps, on_log=lambda step, values: _commit(session, trainer, step, values, log=log))
+        trainer.run(total_steps, on_step=lambda step: _step(session, trainer, step),
+                    on_log=lambda step, values: _log(session, trainer, step, values, log=log))
         if session.checkpointer.version != trainer.global_step:  # the budget is not a multiple of log_every
             session.commit(_state(session, trainer))
         session.finish()
@@ -139,16 +140,22 @@ def _state(session: RunSession, trainer: SACTrainer) -> dict[str, Any]:
             "action_space": trainer.action_space, **trainer.state_dict()}
 
 
-def _commit(session: RunSession, trainer: SACTrainer, step: int, values: dict[str, float], *,
-            log: Callable[[str], None]) -> None:
-    """Every ``log_every`` env steps: metrics, status, a commit and a progress line."""
+def _step(session: RunSession, trainer: SACTrainer, step: int) -> None:
+    """After every update: the status moves; every ``commit_every`` (and ``log_every``) steps, a commit."""
+    session.status(state="training", step=step, policy_version=step)
+    config = trainer.config
+    if step % config.commit_every == 0 or step % config.log_every == 0:
+        session.commit(_state(session, trainer))
+
+
+def _log(session: RunSession, trainer: SACTrainer, step: int, values: dict[str, float], *,
+         log: Callable[[str], None]) -> None:
+    """Every ``log_every`` env steps (after that step's commit): metrics, status figures and a progress line."""
     window = trainer.train_returns[-20:]
     values["charts/mean_return_20"] = float(np.mean(window)) if window else math.nan
     session.log(global_step=step, policy_version=step, values=values)
-    session.status(state="training", step=step, policy_version=step,
-                   mean_return=None if not window else values["charts/mean_return_20"],
+    session.status(mean_return=None if not window else values["charts/mean_return_20"],
                    env_steps_per_s=values["perf/env_steps_per_s"])
-    session.commit(_state(session, trainer))
     log(f"sac {session.spec.env_id} step {step}/{session.spec.total_steps} return "
         f"{values['charts/episodic_return']:.1f} {values['perf/env_steps_per_s']:.0f} steps/s")
 

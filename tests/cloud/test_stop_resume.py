@@ -55,11 +55,15 @@ def training(run: Path, *extra: str, group: bool = False) -> Iterator[subprocess
     with (run.parent / "stdout").open("w") as out, (run.parent / "stderr").open("w") as err:
         proc = subprocess.Popen([STRATA, "train", "--env", "CartPole-v1", "--total-steps", "10000000", "--run-dir",
                                  str(run), "--checkpoint-every", "1000", *TINY, *extra], stdout=out, stderr=err,
-                                text=True, start_new_session=group)  # group: its own process group, to signal
+                                text=True, start_new_session=group,  # group: its own process group, to signal
+                                env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     try:
         yield proc
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # a hung run: its threads' stacks go to its stderr file (faulthandler), then it dies
+            proc.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
             proc.kill()
             proc.wait()
 
@@ -387,11 +391,26 @@ def switch_records(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_a_dead_env_service_fails_over_to_colocated_and_is_logged(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def external_services(count: int) -> Iterator[list[Any]]:
+    """`count` env services of one CartPole each, started here: someone else's to the trainer (never restarted)."""
+    from cloud.rollout._decoupled import start_services
+
+    services = start_services("CartPole-v1", count=count, envs=1)
+    try:
+        yield services
+    finally:
+        for service in services:
+            service.stop()
+
+
+def test_a_dead_external_env_service_fails_over_to_colocated_and_is_logged(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    with training(run, "--modes", "decoupled", "colocated") as proc:
+    with external_services(2) as services, \
+            training(run, "--modes", "decoupled", "colocated", "--env-services",
+                     ",".join(s.address for s in services)) as proc:
         wait_for(lambda: metric_lines(run) >= 3, "three updates in the decoupled mode")
-        kill_one_env_service(proc)
+        services[0].proc.kill()
         failover = wait_for(lambda: [r for r in switch_records(run) if r["trigger"] == "auto"], "the failover")
         at = metric_lines(run)
         wait_for(lambda: metric_lines(run) >= at + 3, "three updates after the failover")
@@ -407,11 +426,12 @@ def test_a_dead_env_service_fails_over_to_colocated_and_is_logged(tmp_path: Path
     assert_resumes_exactly(run)
 
 
-def test_a_dead_env_service_with_nowhere_to_go_stops_the_run_with_a_checkpoint(tmp_path: Path) -> None:
+def test_a_dead_external_env_service_with_nowhere_to_go_stops_the_run_with_a_checkpoint(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    with training(run, "--modes", "decoupled") as proc:
+    with external_services(2) as services, \
+            training(run, "--modes", "decoupled", "--env-services", ",".join(s.address for s in services)) as proc:
         wait_for(lambda: metric_lines(run) >= 3, "three updates in the decoupled mode")
-        kill_one_env_service(proc)
+        services[0].proc.kill()
         out, err = stopped(proc, run)
     assert proc.returncode == 2, err
     assert "Traceback" not in err and "strata train: error: DecoupledVectorEnv: env service" in err
@@ -419,6 +439,25 @@ def test_a_dead_env_service_with_nowhere_to_go_stops_the_run_with_a_checkpoint(t
     assert "stopped by DecoupledError: " in line and line.endswith("--resume")
     state = load_checkpoint(latest_checkpoint(run))  # type: ignore[arg-type]
     assert max(r["policy_version"] for r in read_metrics(run)) - int(state["version"]) <= 1
+
+
+def test_a_dead_env_service_the_job_started_is_restarted(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    with training(run, "--modes", "decoupled") as proc:
+        wait_for(lambda: metric_lines(run) >= 3, "three updates in the decoupled mode")
+        killed = kill_one_env_service(proc)
+        wait_for(lambda: "restarted it as" in (run.parent / "stderr").read_text(), "the restart's log line")
+        at = metric_lines(run)
+        wait_for(lambda: metric_lines(run) >= at + 3, "three updates after the restart")
+        services = [pid for pid in descendants(proc.pid) if "envs serve" in cmdline(pid)]
+        proc.send_signal(signal.SIGTERM)
+        out, err = stopped(proc, run)
+    assert proc.returncode == 143, err
+    assert len(services) == 2 and killed not in services
+    [restart] = [line for line in err.splitlines() if "restarted it as" in line]
+    assert "died; restarted it as 127.0.0.1:" in restart and "(restart 1 of 3;" in restart
+    assert "Traceback" not in err and "stopped by SIGTERM" in out
+    assert_resumes_exactly(run)
 
 
 def test_failover_between_env_services_is_logged(caplog: pytest.LogCaptureFixture) -> None:
