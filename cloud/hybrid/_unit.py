@@ -372,6 +372,14 @@ class Unit:
             if self._pending is not None:
                 decision[1] = self.modes.index(self._pending[0])
         decision = self.group.broadcast(decision)
+        self._decision_values: dict[str, float] = {}
+        if decision[0] != STOP_SIGNAL and self.leader is not None and self.target.reached(
+                self.mean_return, self._window) and (self.target.confirm_episodes == 0
+                                                     or self.target.last_confirm == self.version):
+            # A decision at the target (stop, or train past it): one line and one metrics record, as PPO's.
+            line, self._decision_values = self.target.decision(stop=decision[0] == STOP_SOLVED,
+                                                               step=self.global_step, mean_return=self.mean_return)
+            self.log(f"train: {line}")
         if decision[0] == STOP_SIGNAL:
             self.stopped_by = self.stop.signal or "a signal to another unit"
         if decision[0] == STOP_SOLVED:
@@ -417,8 +425,7 @@ class Unit:
                 unit["mode"] = self.switcher.mode
         if self.leader is None or self.session is None:
             return
-        if self.target.greedy_return is not None and self.target.last_confirm == self.version:
-            values["charts/greedy_return"] = self.target.greedy_return
+        values |= self._decision_values
         self.session.log(global_step=self.global_step, policy_version=self.version, values=values)
         self.leader.publish(self.version, self.learner.agent, self.learner.normalizer)
         display.update(self.global_step, self.mean_return, values["perf/env_steps_per_s"], mode=self.switcher.mode)
