@@ -76,22 +76,30 @@ class HybridResult:
     """Every unit's last status (rank, node, local rank, pid, steps, steps/s, workers, mode), in rank order."""
 
 
+SAME_SIGNAL_S = 0.5
+"""A second signal within this long of the first is the same stop delivered twice (to the process group and
+passed on by strata's launcher), not a second request."""
+
+
 class _StopFlag:
-    """SIGTERM / SIGINT ask the unit to stop at the next update boundary; a second one stops it at once."""
+    """SIGTERM / SIGINT / SIGHUP ask the unit to stop at the next update boundary; a second one stops it at once."""
 
     def __init__(self) -> None:
         self.signal: str | None = None
+        self._at = 0.0
         self._previous: dict[int, Any] = {}
 
     def install(self) -> _StopFlag:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signal is not None:
+            if time.monotonic() - self._at < SAME_SIGNAL_S:
+                return
             raise KeyboardInterrupt
-        self.signal = signal.Signals(signum).name
+        self.signal, self._at = signal.Signals(signum).name, time.monotonic()
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():

@@ -376,6 +376,36 @@ def test_a_signal_to_the_whole_process_group_is_reported_once_by_the_trainer(sig
     assert_resumes_exactly(run)
 
 
+@pytest.mark.parametrize(("signum", "group"), [
+    (signal.SIGTERM, False), pytest.param(signal.SIGINT, True, marks=pytest.mark.slow)])
+def test_a_signal_stops_every_hybrid_unit_at_one_update_with_the_resume_command(signum: int, group: bool,
+                                                                                tmp_path: Path) -> None:
+    """To the launcher alone (`kill PID`) or to the whole group (Ctrl-C): exit 128+N, no torch noise, nothing left."""
+    run = tmp_path / "run"
+    hybrid = ("--modes", "hybrid", "sync", "--units", "2")
+    with training(run, *hybrid, group=group) as proc:
+        wait_for(lambda: metric_lines(run) >= 3 and latest_checkpoint(run), "three updates and a checkpoint")
+        children = descendants(proc.pid)
+        if group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        out, err = stopped(proc, run)
+    assert proc.returncode == 128 + signum, err
+    assert "Traceback" not in err and "Unable to shutdown" not in err and "death signal" not in err, err
+    [line] = [line for line in out.splitlines() if "stopped by" in line]
+    state = load_checkpoint(latest_checkpoint(run))  # type: ignore[arg-type]
+    version, step = int(state["version"]), int(state["global_step"])
+    assert f"stopped by {signal.Signals(signum).name} at step {step:,} (policy version {version})" in line
+    assert line.endswith("--modes hybrid sync --units 2 --resume")
+    wait_for(lambda: not still_running(children), "every unit and worker to exit")
+    if not group:
+        resumed = run_strata("train", "--env", "CartPole-v1", "--run-dir", str(run), "--resume", "--total-steps",
+                             str(step + 2 * 2 * STEPS_PER_UPDATE), "--no-control", *hybrid)
+        assert resumed.returncode == 0, resumed.stderr
+        assert [r["policy_version"] for r in read_metrics(run)] == list(range(1, version + 3))
+
+
 # -- a dead env service ----------------------------------------------------------------------------------
 
 
