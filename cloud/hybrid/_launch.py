@@ -6,6 +6,7 @@ The local launcher is `torch.distributed.launcher.api.elastic_launch`, the API t
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import uuid
@@ -75,6 +76,12 @@ def train_hybrid(spec: UnitSpec) -> HybridResult:
     # agent collects the results as on any finish, and the caller gets a `StopSignal` (exit 128 + N).
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
     forward = _Forward().install()
+    # A failed unit is one HybridError line below (and rank 0's stop line); torch's own logging of it, with the
+    # launcher's traceback, is noise.
+    quiet = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.CRITICAL)
     try:
         outputs: dict[int, Any] = elastic_launch(launch, run_unit)(spec.replace(hybrid=_fixed_units(spec, units)))
     except ChildFailedError as exc:
@@ -87,6 +94,8 @@ def train_hybrid(spec: UnitSpec) -> HybridResult:
         raise StopSignal(int(exc.sigval)) from None
     finally:
         os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)  # the launcher leaves it set for the units
+        for logger, level in zip(quiet, levels, strict=True):
+            logger.setLevel(level)
         for sig, handler in previous.items():
             if handler is not None:
                 signal.signal(sig, handler)

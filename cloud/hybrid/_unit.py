@@ -14,7 +14,7 @@ import os
 import resource
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -158,6 +158,28 @@ def _resume_state(spec: UnitSpec, run: RunSpec) -> dict[str, Any] | None:
     return state
 
 
+@contextlib.contextmanager
+def peer_loss(rank: int) -> Iterator[None]:
+    """A collective that fails because another unit is gone becomes one `HybridError` line (the CLI exits 2).
+
+    Rank 0's stop line (the checkpoint of the last completed update) comes first; no torch or gloo traceback.
+    """
+    import torch.distributed as dist
+
+    try:
+        yield
+    except RuntimeError as exc:
+        text = str(exc).strip()
+        if not isinstance(exc, dist.DistError) and "gloo" not in text.lower() and "by peer" not in text:
+            raise
+        first = text.splitlines()[0] if text else type(exc).__name__
+        if first.startswith("[") and "] " in first:  # gloo's "[.../pair.cc:537] Read error ...: Connection reset ..."
+            first = first.split("] ", 1)[1]
+        first = first.split(". ", 1)[0][:160]
+        raise HybridError(f"train --modes hybrid: unit {rank} lost a peer unit ({first}); the run stops; resume it "
+                          "with the stop line's command once every unit can run") from None
+
+
 def run_unit(spec: UnitSpec) -> HybridResult:
     """Train as one unit of the group torchrun (or `cloud.hybrid.train_hybrid`) started; return what it saw.
 
@@ -182,7 +204,7 @@ def run_unit(spec: UnitSpec) -> HybridResult:
                 session.on_close(unit.close)  # after rank 0's stop line, which comes first
             else:
                 stack.callback(unit.close)
-            with unit.progress() as display:
+            with unit.progress() as display, peer_loss(rank):
                 while unit.global_step < spec.total_steps:
                     batch, episodes = unit.collect()
                     values = unit.update(batch)
@@ -485,7 +507,8 @@ class Unit:
         self.switcher.close()
         group = getattr(self, "group", None)  # absent when joining the group failed
         if group is not None:
-            group.close()
+            with contextlib.suppress(RuntimeError):  # a group that lost a unit may fail to tear down: it is left
+                group.close()
 
 
 def _unit_status(rank: int, head: dict[str, float], steps: int, modes: list[str]) -> dict[str, Any]:

@@ -406,6 +406,25 @@ def test_a_signal_stops_every_hybrid_unit_at_one_update_with_the_resume_command(
         assert [r["policy_version"] for r in read_metrics(run)] == list(range(1, version + 3))
 
 
+@pytest.mark.slow
+def test_a_lost_hybrid_unit_is_one_line_from_the_survivor_and_exit_2(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    with training(run, "--modes", "hybrid", "sync", "--units", "2") as proc:
+        wait_for(lambda: metric_lines(run) >= 3 and latest_checkpoint(run), "three updates and a checkpoint")
+        units = sorted(pid for pid in descendants(proc.pid) if "spawn_main" in cmdline(pid)
+                       and _stat(pid) is not None and _stat(pid)[0] == proc.pid)  # type: ignore[index]
+        children = descendants(proc.pid)
+        os.kill(units[-1], signal.SIGKILL)  # unit 1 (started after unit 0)
+        out, err = stopped(proc, run)
+    assert proc.returncode == 2, err
+    assert "Traceback" not in err and "RuntimeError" not in err, err
+    [line] = [line for line in out.splitlines() if "stopped by" in line]
+    assert "stopped by HybridError: train --modes hybrid: unit 0 lost a peer unit (" in line
+    assert line.endswith("--modes hybrid sync --units 2 --resume")
+    assert err.strip().splitlines()[-1].startswith("strata train: error: train --modes hybrid: unit 1 failed: ")
+    wait_for(lambda: not still_running(children), "every unit and worker to exit")
+
+
 # -- a dead env service ----------------------------------------------------------------------------------
 
 
