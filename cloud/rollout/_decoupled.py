@@ -127,6 +127,11 @@ class ServiceProcess:
                 raise DecoupledError(f"ServiceProcess: `strata envs serve --env {env_id}` did not start: {err}")
         self.address = line.rsplit(" on ", 1)[1].strip()
 
+    @property
+    def seed(self) -> int:
+        """The seed the service was started with."""
+        return int(self._args["seed"])
+
     def restarted(self, *, seed: int) -> ServiceProcess:
         """Stop this process (if it still runs) and start another with the same arguments and seed `seed`."""
         self.stop()
@@ -438,7 +443,7 @@ class _DecoupledVectorEnvImpl:
             time.sleep(RESTART_BACKOFF_S * 2 ** attempt)
             self.restarts.append(client.target)
             try:
-                process = self._owned[owned].restarted(seed=self._owned[owned]._args["seed"] + 7919 * (attempt + 1))
+                process = self._owned[owned].restarted(seed=self._owned[owned].seed + 7919 * (attempt + 1))
             except DecoupledError as exc:
                 log.warning("DecoupledVectorEnv: restart %d of %d of env service %s failed: %s", attempt + 1,
                             RESTARTS, client.target, str(exc).splitlines()[0][:200])
