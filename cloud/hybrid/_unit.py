@@ -30,6 +30,7 @@ from cloud.rollout._envs import probe_spaces
 from cloud.runs._checkpoint import latest_checkpoint
 from cloud.runs._progress import Progress
 from cloud.runs._run import RunSession, RunSpec, open_run
+from cloud.runs._stop import signals_held
 from cloud.runs._train import TargetCheck, evaluate_greedy, window_mean
 from cloud.switching._switcher import Switcher, SwitchEvent
 from device import ConfigError, RolloutBatch, require, space_to_json
@@ -211,8 +212,9 @@ def run_unit(spec: UnitSpec) -> HybridResult:
                     values |= unit.merge(batch, episodes)
                     decision = unit.decide()
                     values |= unit.switch(decision)
-                    unit.commit()
-                    unit.publish(values, display)
+                    with signals_held():  # as PPO's loop: every checkpointed version has its metrics line
+                        unit.commit()
+                        unit.publish(values, display)
                     if decision[0] != STOP_NONE:
                         break
             return unit.result()

@@ -209,16 +209,19 @@ def _state(session: RunSession, trainer: SACTrainer, ledger: EdgeLedger | None =
 
 
 def _step(session: RunSession, trainer: SACTrainer, step: int) -> None:
-    """After every update: the status moves; every ``commit_every`` (and ``log_every``) steps, a commit."""
+    """After every update: the status moves; every ``commit_every`` steps, a commit (`_log` commits its own)."""
     session.status(state="training", step=step, policy_version=step)
     config = trainer.config
-    if step % config.commit_every == 0 or step % config.log_every == 0:
+    if step % config.commit_every == 0 and step % config.log_every:
         session.commit(_state(session, trainer))
 
 
 def _log(session: RunSession, trainer: SACTrainer, step: int, values: dict[str, float], *,
          log: Callable[[str], None], ledger: EdgeLedger | None = None) -> None:
-    """Every ``log_every`` env steps: metrics, status figures and a progress line; fed by the fleet, the commit."""
+    """Every ``log_every`` env steps: metrics and status figures, then the commit, then a progress line.
+
+    The commit comes after the line: a stop between the two keeps the previous commit, and the resume drops the line.
+    """
     window = trainer.train_returns[-20:]
     values["charts/mean_return_20"] = float(np.mean(window)) if window else math.nan
     edge: dict[str, Any] = {}
@@ -228,8 +231,7 @@ def _log(session: RunSession, trainer: SACTrainer, step: int, values: dict[str, 
     session.status(state="training", step=step, policy_version=step,
                    mean_return=None if not window else values["charts/mean_return_20"],
                    env_steps_per_s=values["perf/env_steps_per_s"], **edge)
-    if ledger is not None:  # `_step` commits otherwise (before this)
-        session.commit(_state(session, trainer, ledger))
+    session.commit(_state(session, trainer, ledger))
     log(f"sac {session.spec.env_id} step {step}/{session.spec.total_steps} return "
         f"{values['charts/episodic_return']:.1f} {values['perf/env_steps_per_s']:.0f} steps/s")
 

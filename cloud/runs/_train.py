@@ -6,8 +6,9 @@ One iteration reads like the method; each step is a method of `PPORun`, testable
     update           one PPO update on it; the normaliser folds in the batch; the version becomes v + 1
     observe          the episodes that ended join the moving mean of returns
     switch           the switcher's boundary: a requested or rule-driven switch happens here, and is logged
-    commit           the completed update becomes what any stop keeps (before it is logged: a version in
-                     metrics.jsonl is at most one update past the checkpoint a SIGKILL resumes from)
+    commit           the completed update becomes what any stop keeps (before it is logged, with signals held
+                     over both: a version in metrics.jsonl is at most one update past the checkpoint a SIGKILL
+                     resumes from, and every checkpointed version has its metrics line)
     publish          metrics.jsonl, the progress display and the control endpoint's status
     decide_to_stop   the target return reached (the moving mean's crossing, or a confirmation of the greedy
                      policy); the budget is the loop's condition
@@ -47,7 +48,7 @@ from cloud.rollout._envs import make_vector_env, probe_spaces
 from cloud.runs._checkpoint import latest_checkpoint
 from cloud.runs._progress import Progress
 from cloud.runs._run import RunSession, RunSpec, open_run
-from cloud.runs._stop import ROLLING_EVERY_S
+from cloud.runs._stop import ROLLING_EVERY_S, signals_held
 from cloud.switching._modes import (
     BUNDLE_MODES,
     EDGE_MODE,
@@ -241,8 +242,9 @@ def train(
                 values = run.update(batch)
                 values |= run.observe(episodes)
                 values |= run.switch()
-                run.commit()
-                run.publish(values, display)
+                with signals_held():  # a stop between the two would keep an update metrics.jsonl never saw
+                    run.commit()
+                    run.publish(values, display)
                 run.decide_to_stop()
         return run.result(session.finish())
 
