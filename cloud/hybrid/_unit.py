@@ -34,6 +34,7 @@ from cloud.runs._stop import signals_held
 from cloud.runs._train import TargetCheck, evaluate_greedy, window_mean
 from cloud.switching._switcher import Switcher, SwitchEvent
 from device import ConfigError, RolloutBatch, require, space_to_json
+from functions._lifetime import watch_parent
 
 if TYPE_CHECKING:
     from cloud.hybrid._leader import Leader
@@ -193,6 +194,9 @@ def run_unit(spec: UnitSpec) -> HybridResult:
                   rolling_checkpoint_s=spec.rolling_checkpoint_s, resume_command=spec.resume_command)
     state = _resume_state(spec, run)
     stop = _StopFlag().install()
+    # The launcher (strata's or torchrun) killed with SIGKILL: SIGTERM to this unit, so the group stops at one update
+    # boundary with rank 0's checkpoint; a unit that cannot is killed after a grace period (functions._lifetime).
+    watch_parent(os.getppid())
     try:
         # Rank 0 keeps the run's work (commits, metrics, the stop line); the others only train.
         with contextlib.ExitStack() as stack:
