@@ -99,7 +99,7 @@ def describe_stop(exc: BaseException) -> str:
 
 ROLLING_EVERY_S = 0.0
 """Default seconds between two rolling checkpoints (`Checkpointer`; ``--rolling-checkpoint-s``): 0, every update
-(``benchmarks/rolling_checkpoint.py``: ~2% of the learner's CPU on PPO CartPole, within the noise)."""
+(``benchmarks/rolling_checkpoint.py`` measures its cost against once a second and never)."""
 
 
 class Checkpointer:
