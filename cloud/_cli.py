@@ -27,6 +27,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from cloud.switching._modes import SwitchingConfig
     from cloud.switching._switcher import SwitchRules
     from device import add_config_arguments, finite_float, seconds
+    from functions._envservice import TLS_GROUP_TITLE
+    from functions._secure import ServiceTLS
 
     demo = sub.add_parser(
         "demo",
@@ -85,7 +87,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                          skip={f.name for f in dataclasses.fields(PPOConfig)})
     add_config_arguments(train.add_argument_group(
         "execution modes and live switching (SwitchingConfig): e.g. --modes colocated decoupled functions"),
-        SwitchingConfig)
+        SwitchingConfig, skip={"tls"})
+    add_config_arguments(train.add_argument_group(
+        TLS_GROUP_TITLE + ": for --env-services off this host and the hybrid units' parameter server"), ServiceTLS)
     add_config_arguments(train.add_argument_group(
         "the edge mode (EdgeSourceConfig, --modes ... edge): the fleet's experience over MQTT trains the policy; "
         "edge agents run with --experience-steps N and --trust RUN_DIR/keys/strata-signing.pub"), EdgeSourceConfig)
@@ -169,9 +173,9 @@ def _train(args: argparse.Namespace) -> int:
     from cloud.runs._run import resume_command
     from cloud.runs._stop import StopSignal
     from cloud.runs._train import train
-    from cloud.switching._modes import SwitchingConfig
+    from cloud.switching._modes import switching_from_args
     from cloud.switching._switcher import SwitchRules
-    from device import config_from_args
+    from device import ConfigError, config_from_args
 
     _refuse_flags_of_the_other_algo(args)  # what was typed, before a preset fills in its values
     apply_preset(args)
@@ -182,6 +186,10 @@ def _train(args: argparse.Namespace) -> int:
     refuse_hybrid_flags(args)
     if args.algo == "sac":
         return _train_sac(args)
+    switching = switching_from_args(args)
+    if (switching.tls.enabled or switching.tls.tls_token_file) and not switching.env_services:
+        raise ConfigError("train: --tls-* secure connections to --env-services (and the hybrid units' parameter "
+                          "server); this run has neither: add --env-services HOST:PORT,... or drop them")
     config = PPOConfig.from_flags(args, base=resumed_config(PPOConfig, args.run_dir) if args.resume else None)
     edge = _edge_config(args)
     try:
@@ -189,7 +197,7 @@ def _train(args: argparse.Namespace) -> int:
                        config=config, resume=args.resume, target_return=args.target_return,
                        confirm_episodes=args.confirm_episodes, checkpoint_every=args.checkpoint_every,
                        rolling_checkpoint_s=args.rolling_checkpoint_s,
-                       switching=config_from_args(SwitchingConfig, args), rules=config_from_args(SwitchRules, args),
+                       switching=switching, rules=config_from_args(SwitchRules, args),
                        resume_command=resume_command(args), edge=edge)
     except StopSignal as stop:
         return stop.exit_status  # the stop line said where the checkpoint is
@@ -238,11 +246,13 @@ def _refuse_flags_of_the_other_algo(args: argparse.Namespace) -> None:
     from cloud.switching._modes import SwitchingConfig
     from cloud.switching._switcher import SwitchRules
     from device import ConfigError
+    from functions._secure import ServiceTLS
 
     ppo = {f.name for f in dataclasses.fields(PPOConfig)}
     sac = {f.name for f in dataclasses.fields(SACConfig)}
     if args.algo == "sac":
         unused = (ppo - sac) | {f.name for f in dataclasses.fields(SwitchingConfig) if f.name != "control"}
+        unused |= {f.name for f in dataclasses.fields(ServiceTLS)}
         unused |= {f.name for f in dataclasses.fields(SwitchRules)} | {"target_return", "confirm_episodes"}
         why = ("SAC runs in one mode (--env-mode) without live switching or an early stop; drop them or use "
                "--algo ppo")

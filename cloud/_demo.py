@@ -78,9 +78,10 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         # Checked before the first stage: a bad value would otherwise surface only minutes later, at stage 5.
-        if self.fleet_training_steps < 1 or not 1 <= self.fleet_training_nodes <= 16:
-            raise ConfigError(f"demo: --fleet-training-steps {self.fleet_training_steps} must be >= 1 and "
-                              f"--fleet-training-nodes {self.fleet_training_nodes} between 1 and 16")
+        if self.fleet_training_steps < 1:
+            raise ConfigError(f"demo: --fleet-training-steps {self.fleet_training_steps} must be >= 1")
+        if not 1 <= self.fleet_training_nodes <= 16:
+            raise ConfigError(f"demo: --fleet-training-nodes {self.fleet_training_nodes} must be between 1 and 16")
 
 
 FLEET_TRAINING_NODE_STEPS_PER_S = 300

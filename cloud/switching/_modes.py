@@ -29,6 +29,7 @@ from cloud.rollout._sources import FragmentFeed, RolloutSource, VectorEnvSource
 from cloud.switching._control import RunStatus
 from cloud.switching._switcher import Switcher, SwitchRules
 from device import ConfigError
+from functions._secure import PLAINTEXT, ServiceTLS
 
 FRAGMENT_MODES = ("fragments", "functions")
 EDGE_MODE = "edge"
@@ -53,9 +54,26 @@ class SwitchingConfig:
     are stateless, so each stream's running episode travels with the invocation and the next one continues it
     (functions/_envstate.py); for an env without an env-state codec episodes end at this length."""
     env_services: str = ""
-    """``HOST:PORT,...`` of running env services for ``decoupled``; empty: the job starts its own."""
+    """``HOST:PORT,...`` of running env services for ``decoupled``; empty: the job starts its own. A DNS name
+    with several addresses (a headless Service) is one service per address."""
     control: bool = True
     """Serve the control endpoint (``strata switch``/``status``) on loopback while the job runs."""
+    tls: ServiceTLS = PLAINTEXT
+    """How the job's gRPC connections off this host are secured: to ``env_services``, and the hybrid units'
+    parameter server (the --tls-* flags, `functions._secure`)."""
+
+
+def switching_from_args(args: Any, **overrides: Any) -> SwitchingConfig:
+    """`SwitchingConfig` from `strata train`'s flags; its `tls` from the --tls-* flags and ``STRATA_TLS_*``.
+
+    The TLS files are read and checked here, before any work starts.
+    """
+    from device import config_from_args
+    from functions._secure import service_tls_from_args
+
+    tls = service_tls_from_args(args)
+    tls.load("strata train")
+    return config_from_args(SwitchingConfig, args, tls=tls, **overrides)
 
 
 class PolicyPublisher:
@@ -158,7 +176,7 @@ def build_switcher(*, env_id: str, config: Any, switching: SwitchingConfig, rule
                 from cloud.rollout._decoupled import make_decoupled_vector_env
 
                 return make_decoupled_vector_env(env_id, num_envs=config.num_envs, seed=mode_seed,
-                                                 services=switching.env_services)
+                                                 services=switching.env_services, tls=switching.tls)
             if mode == "colocated" and colocated_workers is not None:
                 from cloud.rollout._colocated import ColocatedConfig, build_colocated_vector_env
 

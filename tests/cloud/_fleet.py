@@ -19,14 +19,15 @@ class AgentProcess:
     """One `strata edge run` process of `node`, acting with what the learner publishes and sending experience."""
 
     def __init__(self, root: Path, node: str, *, broker: str, fleet: str, trust: Path, seed: int = 0,
-                 env: str = "CartPole-v1") -> None:
+                 env: str = "CartPole-v1", steps_per_s: int = 0) -> None:
         self.node = node
         self.cache = root / node
         self.command = [sys.executable, "-m", "cloud.cli", "edge", "run", "--fleet", fleet, "--node-id", node,
                         "--cache-dir", str(self.cache), "--trust", str(trust), "--broker", broker, "--env", env,
                         "--experience-steps", "16", "--experience-receipt-timeout-s", "2", "--control-period-s", "0",
                         # no telemetry record before a clean stop: every id of the outbox is an experience record's
-                        "--telemetry-interval-s", "1000000", "--health-latency-budget-ms", "5000", "--seed", str(seed)]
+                        "--telemetry-interval-s", "1000000", "--health-latency-budget-ms", "5000", "--seed", str(seed),
+                        "--experience-max-steps-per-s", str(steps_per_s)]
         self.log = root / f"{node}.log"
         self.kills = 0
         self.proc = self._start()
@@ -60,11 +61,12 @@ class AgentProcess:
 
 
 @contextmanager
-def fleet(root: Path, count: int, *, broker: str, fleet_name: str, trust: Path,
-          env: str = "CartPole-v1") -> Iterator[list[AgentProcess]]:
-    """`count` agent processes; all killed afterwards."""
-    agents = [AgentProcess(root, f"n{i}", broker=broker, fleet=fleet_name, trust=trust, seed=i, env=env)
-              for i in range(count)]
+def fleet(root: Path, count: int, *, broker: str, fleet_name: str, trust: Path, env: str = "CartPole-v1",
+          steps_per_s: int = 0) -> Iterator[list[AgentProcess]]:
+    """`count` agent processes, each recording at most `steps_per_s` steps/s of experience (0: no limit); all
+    killed afterwards."""
+    agents = [AgentProcess(root, f"n{i}", broker=broker, fleet=fleet_name, trust=trust, seed=i, env=env,
+                           steps_per_s=steps_per_s) for i in range(count)]
     try:
         yield agents
     finally:

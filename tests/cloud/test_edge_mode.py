@@ -169,7 +169,8 @@ def test_a_learner_on_fleet_experience_alone_solves_cartpole_through_kill_9s(mos
     _, pub = generate_keypair(run_dir / "keys")
     spool = run_dir / "edge" / "spool.sqlite"
     kills: list[str] = []
-    with fleet(tmp_path, 4, broker=broker.url, fleet_name="solve", trust=pub) as agents:
+    # A budget near what the learner takes: unbudgeted, four nodes send several times more, which goes stale.
+    with fleet(tmp_path, 4, broker=broker.url, fleet_name="solve", trust=pub, steps_per_s=400) as agents:
         def chaos() -> None:
             wait_until(lambda: _updates(run_dir) >= 10, timeout=600, what="ten updates")
             agents[1].kill9()
