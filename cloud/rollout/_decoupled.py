@@ -31,6 +31,7 @@ import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -51,6 +52,9 @@ log = logging.getLogger(__name__)
 
 RESTARTS = 3
 """Restarts of its own dead env services a `DecoupledVectorEnv` attempts over its life (spares are used first)."""
+
+CLOSE_S = 5.0
+"""Seconds `DecoupledVectorEnv.close` waits for each channel to close."""
 
 RESTART_BACKOFF_S = 0.5
 """Wait before the first restart; it doubles with each further one."""
@@ -549,11 +553,17 @@ class _DecoupledVectorEnvImpl:
         return self._obs.copy(), rewards, terms, truncs, infos
 
     def close_extras(self, **kwargs: Any) -> None:
-        """Close the channels, and stop the services this env started itself (others keep running)."""
-        for c, _, _ in self._active:
-            c.close()
-        for c in self._spares:
-            c.close()
+        """Close the channels, and stop the services this env started itself (others keep running).
+
+        A channel whose call a stop interrupted can wait for ever in grpc's close (seen after a restart): each
+        closes in a daemon thread, waited for a few seconds at most.
+        """
+        closing = [threading.Thread(target=c.close, name="strata-channel-close", daemon=True)
+                   for c in [c for c, _, _ in self._active] + self._spares]
+        for thread in closing:
+            thread.start()
+        for thread in closing:
+            thread.join(CLOSE_S)
         for p in self._owned:
             p.stop()
 

@@ -63,6 +63,9 @@ def stop_signals() -> Iterator[None]:
         return
 
     def handler(signum: int, frame: Any) -> None:
+        if _held[0]:  # inside `signals_held`: raised when the block ends
+            _held[1] = signum
+            return
         raise StopSignal(signum)
 
     previous = {name: signal.signal(getattr(signal, name), handler) for name in _SIGNALS}
@@ -73,18 +76,32 @@ def stop_signals() -> Iterator[None]:
             signal.signal(getattr(signal, name), old)
 
 
+_held: list[Any] = [0, None]
+"""Depth of `signals_held` blocks, and the signal `stop_signals`' handler put off meanwhile."""
+
+
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM while the block runs (they are delivered when it ends)."""
+    """Hold SIGINT, SIGTERM and SIGHUP while the block runs (they are delivered when it ends).
+
+    Two layers: the main thread's signal mask, and `stop_signals`' handler, which puts off a signal that the
+    kernel delivered to another thread (a signal to the process goes to any thread that does not block it, and
+    Python then runs the handler in the main thread all the same).
+    """
     held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    _held[0] += 1
     try:
         yield
     finally:
+        _held[0] -= 1
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        if not _held[0] and _held[1] is not None:
+            signum, _held[1] = _held[1], None
+            raise StopSignal(signum)
 
 
 def describe_stop(exc: BaseException) -> str:

@@ -150,5 +150,5 @@ def test_sac_status_moves_every_step_and_commits_every_commit_every(tmp_path: Pa
         patch.setattr(RunSession, "status", status)
         patch.setattr(RunSession, "commit", commit)
         train_sac(config, env_id="Pendulum-v1", run_dir=tmp_path, seed=0, total_steps=90, log=lambda line: None)
-    assert statuses == list(range(1, 91))
+    assert list(dict.fromkeys(statuses)) == list(range(1, 91))  # every step (a log step reports twice)
     assert commits == [15, 30, 40, 45, 60, 75, 80, 90]
