@@ -57,7 +57,10 @@ class StopSignal(BaseException):
 
 @contextlib.contextmanager
 def stop_signals() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into `StopSignal` while the block runs (only in the main thread)."""
+    """Turn SIGTERM and SIGHUP into `StopSignal` while the block runs (only in the main thread).
+
+    SIGINT stays KeyboardInterrupt. Inside `signals_held` each is put off until the held block ends.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -66,9 +69,11 @@ def stop_signals() -> Iterator[None]:
         if _held[0]:  # inside `signals_held`: raised when the block ends
             _held[1] = signum
             return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise StopSignal(signum)
 
-    previous = {name: signal.signal(getattr(signal, name), handler) for name in _SIGNALS}
+    previous = {name: signal.signal(getattr(signal, name), handler) for name in (*_SIGNALS, "SIGINT")}
     try:
         yield
     finally:
@@ -101,6 +106,8 @@ def signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
         if not _held[0] and _held[1] is not None:
             signum, _held[1] = _held[1], None
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
             raise StopSignal(signum)
 
 
