@@ -42,7 +42,7 @@ import numpy as np
 
 from cloud._errors import CloudError
 from cloud.rollout._envs import VECTOR_ENV_MODES
-from device import RolloutBatch, require
+from device import ObsPipeline, RolloutBatch, require
 from functions._envservice import EnvServiceClient, ServiceUnavailableError, space_from_json
 from functions._lifetime import child_environment
 from functions._secure import PLAINTEXT, ServiceTLS, is_loopback, split_target
@@ -104,12 +104,15 @@ class ServiceProcess:
     """One `strata envs serve` subprocess on loopback; `address` is read from its start-up line."""
 
     def __init__(self, env_id: str, *, envs: int, seed: int = 0, param_server: str = "", policy: str = "",
-                 trust: Sequence[str] = (), start_timeout_s: float = 60.0, tls: ServiceTLS = PLAINTEXT) -> None:
+                 trust: Sequence[str] = (), start_timeout_s: float = 60.0, tls: ServiceTLS = PLAINTEXT,
+                 pipeline: ObsPipeline | None = None) -> None:
         self._args: dict[str, Any] = {"env_id": env_id, "envs": envs, "seed": seed, "param_server": param_server,
                                       "policy": policy, "trust": tuple(trust), "start_timeout_s": start_timeout_s,
-                                      "tls": tls}
+                                      "tls": tls, "pipeline": pipeline}
         cmd = [sys.executable, "-m", "cloud.cli", "envs", "serve", "--env", env_id, "--envs", str(envs),
                "--port", "0", "--seed", str(seed), *tls.flags()]
+        if pipeline is not None:
+            cmd += ["--frame-stack", str(pipeline.frame_stack), "--obs-codec", pipeline.obs_codec]
         if trust:
             cmd += ["--trust", *trust]
         if param_server:
@@ -158,17 +161,19 @@ class ServiceProcess:
 
 
 def start_services(env_id: str, *, count: int, envs: int, seed: int = 0, param_server: str = "",
-                   policy: str = "", trust: Sequence[str] = (), tls: ServiceTLS = PLAINTEXT) -> list[ServiceProcess]:
+                   policy: str = "", trust: Sequence[str] = (), tls: ServiceTLS = PLAINTEXT,
+                   pipeline: ObsPipeline | None = None) -> list[ServiceProcess]:
     """Start `count` env-service subprocesses of `envs` envs each (seeds spaced by `envs`).
 
     `trust` names public-key files the services verify pushed bundles with; `tls` is the option set they serve
-    with (their clients need the same run's credentials).
+    with (their clients need the same run's credentials); `pipeline` is the observation pipeline they make their
+    envs with (and whose codec their replies travel in).
     """
     started: list[ServiceProcess] = []
     try:
         for i in range(count):
             started.append(ServiceProcess(env_id, envs=envs, seed=seed + i * envs, param_server=param_server,
-                                          policy=policy, trust=trust, tls=tls))
+                                          policy=policy, trust=trust, tls=tls, pipeline=pipeline))
     except BaseException:
         for p in started:
             p.stop()
@@ -365,7 +370,8 @@ def decoupled_vector_env_class() -> type:
 
 def make_decoupled_vector_env(env_id: str, *, num_envs: int, seed: int, services: str | Sequence[str] = "",
                               envs_per_service: int = 0, spares: int = 0, timeout_s: float = 5.0,
-                              autoreset: str = "same_step", tls: ServiceTLS = PLAINTEXT) -> Any:
+                              autoreset: str = "same_step", tls: ServiceTLS = PLAINTEXT,
+                              pipeline: ObsPipeline | None = None) -> Any:
     """A `DecoupledVectorEnv` over `services` (``HOST:PORT,...``), or over services it starts itself.
 
     Registered as the `cloud.rollout._envs.make_vector_env` builder of ``mode="decoupled"`` (below). With no
@@ -382,7 +388,8 @@ def make_decoupled_vector_env(env_id: str, *, num_envs: int, seed: int, services
         if num_envs % per:
             raise DecoupledError(f"make_decoupled_vector_env: num_envs={num_envs} is not a multiple of "
                                  f"envs_per_service={per}")
-        started = start_services(env_id, count=num_envs // per + spares, envs=per, seed=seed, tls=tls)
+        started = start_services(env_id, count=num_envs // per + spares, envs=per, seed=seed, tls=tls,
+                                 pipeline=pipeline)
         addresses = [p.address for p in started]
     try:
         env = decoupled_vector_env_class()(addresses, num_envs=num_envs, timeout_s=timeout_s, autoreset=autoreset,

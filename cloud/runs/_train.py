@@ -60,7 +60,7 @@ from cloud.switching._modes import (
     check_exploration,
 )
 from cloud.switching._switcher import SwitchEvent, SwitchRules
-from device import ConfigError, RolloutBatch, require, space_to_json
+from device import ConfigError, ObsPipeline, RolloutBatch, require, space_to_json
 
 RETURN_WINDOW = 20
 """Episodes in the moving mean that decides "solved" (CartPole-v1's 475 threshold is over such a mean)."""
@@ -269,7 +269,7 @@ class PPORun:
         torch.manual_seed(spec.seed + 7919 * self.version)
         self.generator = np.random.default_rng([spec.seed, self.version])
         check_exploration(config, switching.modes)
-        obs_space, action_space = probe_spaces(spec.env_id)
+        obs_space, action_space = probe_spaces(spec.env_id, config.pipeline)
         self.learner = PPOLearner(obs_space, action_space, config, state)
         self.spaces = {"observation_space": space_to_json(obs_space), "action_space": space_to_json(action_space)}
         self.edge_ledger: EdgeLedger | None = None
@@ -314,7 +314,8 @@ class PPORun:
                                         obs_space=self.spaces["observation_space"],
                                         action_space=self.spaces["action_space"],
                                         policy=(edge.edge_policy if edge is not None and edge.edge_policy
-                                                else spec.env_id.split("-")[0].lower()), producer=producer)
+                                                else spec.env_id.split("-")[0].split("/")[-1].lower()),
+                                        producer=producer, pipeline=self.config.pipeline)
         env_seed = spec.seed if self.version == 0 else spec.seed + 104729 * self.version
         return build_switcher(env_id=spec.env_id, config=self.config, switching=switching, rules=rules,
                               run_dir=spec.run_dir, seed=env_seed, agent=learner.agent,
@@ -389,7 +390,7 @@ class PPORun:
             return
         passed = self.target.confirm(self.version, lambda episodes: evaluate_greedy(
             self.learner.agent, self.learner.normalizer, self.spec.env_id, episodes=episodes,
-            seed=self.spec.seed + 1_000_003 + self.version))
+            seed=self.spec.seed + 1_000_003 + self.version, pipeline=self.config.pipeline))
         if passed:
             self._solved(self.global_step)
         self._decided(stop=passed, step=self.global_step)
@@ -440,7 +441,8 @@ def edge_metrics(ledger: EdgeLedger, version: int) -> dict[str, float]:
     return values
 
 
-def evaluate_greedy(agent: Any, normalizer: Any, env_id: str, *, episodes: int, seed: int, mode: str = "sync") -> float:
+def evaluate_greedy(agent: Any, normalizer: Any, env_id: str, *, episodes: int, seed: int, mode: str = "sync",
+                    pipeline: ObsPipeline | None = None) -> float:
     """Mean return of `agent`'s deterministic policy over `episodes` episodes, one per env of a vector env.
 
     Runs in-process (``mode="sync"`` by default) whatever source feeds the learner: a confirmation
@@ -449,7 +451,7 @@ def evaluate_greedy(agent: Any, normalizer: Any, env_id: str, *, episodes: int, 
     import torch
 
     gym = require("gymnasium", extra="cloud", purpose="evaluation environments")
-    envs = make_vector_env(env_id, num_envs=episodes, seed=seed, mode=mode)
+    envs = make_vector_env(env_id, num_envs=episodes, seed=seed, mode=mode, pipeline=pipeline)
     space = envs.single_action_space
     bounds = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
     try:

@@ -285,7 +285,10 @@ def test_progress_bar_and_progress_lines(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("obs_space", "action_space", "message"), [
     (gym.spaces.Box(0, 1, (2, 3)), gym.spaces.Discrete(2),
-     "X: observation space Box(0.0, 1.0, (2, 3), float32) is not flat; strata's PPO needs a 1-D Box observation"),
+     "X: observation space Box(0.0, 1.0, (2, 3), float32) is not flat or an image; strata's learners need a 1-D Box"),
+    (gym.spaces.Box(0, 255, (8, 8, 3), np.uint8), gym.spaces.Discrete(2),
+     "X: image observations of shape (8, 8, 3) are not [H, W], [H, W, C] or a frame stack [k, H, W, C] of frames "
+     "at least 36 x 36"),
     (gym.spaces.Box(0, 1, (3,)), gym.spaces.MultiBinary(2),
      "X: action space MultiBinary(2) is not supported; strata's PPO needs a Discrete or a Box action space"),
     (gym.spaces.Box(0, 1, (3,)), gym.spaces.Discrete(2, start=1),
@@ -296,6 +299,13 @@ def test_check_spaces_names_the_space(obs_space: gym.Space, action_space: gym.Sp
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_spaces("X", obs_space, action_space)
+
+
+@pytest.mark.parametrize("shape", [(40, 40), (40, 40, 3), (4, 40, 40, 3), (96, 96, 1)])
+def test_check_spaces_admits_image_frames(shape: tuple[int, ...]) -> None:
+    from cloud.rollout._envs import check_spaces
+
+    check_spaces("X", gym.spaces.Box(0, 255, shape, np.uint8), gym.spaces.Discrete(2))
 
 
 def test_the_first_crossing_is_the_episode_that_took_the_window_over_the_target() -> None:
