@@ -95,8 +95,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                help="also checkpoint every this many updates (SAC: commits of --log-every env steps); every stop "
                "writes one")
     add_option(train, "--rolling-checkpoint-s", Seconds(max=86400.0), default=ROLLING_EVERY_S,
-               help="write the newest update in the background at most this often, so a kill -9 loses at most "
-               "about this long of training (0: every update)")
+               help="seconds between two rolling checkpoints, what a kill -9 resumes from (0: every update, so a "
+               "kill -9 loses at most one update; N: the newest update at most every N s, so a kill -9 loses "
+               "about N s of training)")
     add_config_arguments(train.add_argument_group("PPO hyperparameters (PPOConfig)"), PPOConfig)
     add_config_arguments(train.add_argument_group(
         "SAC hyperparameters (SACConfig, --algo sac; the PPO flags SAC shares, such as --gamma, --hidden-sizes and "
@@ -221,6 +222,8 @@ class TrainPlan:
     """The hybrid `UnitSpec`."""
     edge: Any = None
     """The edge mode's `EdgeSourceConfig`, when the run uses it."""
+    finished_at: int | None = None
+    """SAC: `--resume` of a run that reached its --total-steps and exported its policy, at this many env steps."""
 
 
 def _train_check(args: argparse.Namespace) -> TrainPlan:
@@ -269,7 +272,7 @@ def _check_ppo(args: argparse.Namespace) -> TrainPlan:
     check_modes(config, switching, rules=rules)
     edge = _edge_config(args)
     state = open_run(spec, trim=False)  # fresh: the dir holds no run; resume: its checkpoint and logs read back
-    obs_space, action_space = probe_spaces(args.env)
+    obs_space, action_space = probe_spaces(args.env, config.pipeline)
     if state is not None:
         from cloud.learners._ppo import PPOLearner
 
@@ -290,12 +293,15 @@ def _check_sac(args: argparse.Namespace) -> TrainPlan:
     config = config_from_args(SACConfig, args)
     spec = _spec(args, "sac", caller="train_sac")
     state = open_run(spec, also_taken=("policy.onnx",), trim=False)
+    finished_at = None
     if state is not None:  # the checkpoint's hyperparameters, unless flags override them
         given = {f.name for f in dataclasses.fields(SACConfig) if getattr(args, f.name, None) is not None}
         with reading(latest_checkpoint(spec.run_dir)):
             config = dataclasses.replace(SACConfig.from_dict(state["config"]), **{k: getattr(config, k) for k in given})
-    check_sac_action_space(args.env, probe_spaces(args.env)[1])
-    return TrainPlan(learner="sac", config=config, edge=_edge_config(args))
+            if int(state["version"]) >= args.total_steps and (spec.run_dir / "policy.onnx").exists():
+                finished_at = int(state["version"])
+    check_sac_action_space(args.env, probe_spaces(args.env, config.pipeline)[1])
+    return TrainPlan(learner="sac", config=config, edge=_edge_config(args), finished_at=finished_at)
 
 
 def _train(args: argparse.Namespace, plan: TrainPlan) -> int:
@@ -387,6 +393,11 @@ def _train_sac(args: argparse.Namespace, plan: TrainPlan) -> int:
     from cloud.runs._sac_run import train_sac
     from cloud.runs._stop import StopSignal
 
+    if plan.finished_at is not None:  # its policy is exported and evaluated; a rerun would repeat that
+        print(f"strata train: run dir {args.run_dir} holds a finished SAC run ({plan.finished_at:,} env steps; "
+              f"policy {args.run_dir / 'policy.onnx'}); nothing to do; pass a --total-steps above "
+              f"{plan.finished_at:,} to train it further")
+        return 0
     try:
         result = train_sac(plan.config, env_id=args.env, run_dir=args.run_dir, seed=args.seed,
                            total_steps=args.total_steps, resume=args.resume, checkpoint_every=args.checkpoint_every,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 from typing import Any
 
 from device import ConfigError
@@ -59,8 +60,14 @@ def train_hybrid(args: argparse.Namespace, spec: Any) -> int:
     """Run the checked hybrid `spec`; print rank 0's summary."""
     from cloud.hybrid._launch import train_hybrid as launch
     from cloud.runs._metrics import METRICS_FILE
+    from cloud.runs._stop import StopSignal
 
-    result = launch(spec)
+    try:
+        result = launch(spec)
+    except StopSignal as stop:
+        return stop.exit_status  # rank 0 printed the stop line: where the checkpoint is, the command that resumes
+    if result.stopped_by is not None and result.stopped_by.startswith("SIG"):  # a signal to a unit (torchrun)
+        return 128 + int(getattr(signal, result.stopped_by))
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
     solved = ("" if result.solved_at_step is None

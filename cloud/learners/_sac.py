@@ -14,8 +14,9 @@ replay can be swapped mid-run (`SACTrainer.switch_replay`) from one deployment t
 losing a transition. `train_sac` runs it and exports the deterministic policy
 (``tanh(mean)`` scaled to the action bounds) as a verified ONNX graph and, given a key, a signed bundle.
 
-`train_sac` checkpoints like PPO (`cloud.runs._stop`): every `SACConfig.log_every` env steps is a commit
-(policy version = env steps), kept every ``checkpoint_every`` commits, written on every stop; a checkpoint
+`train_sac` checkpoints like PPO (`cloud.runs._stop`): every `SACConfig.commit_every` env steps (and every
+`SACConfig.log_every`) is a commit (policy version = env steps), written in the background as the rolling
+checkpoint, kept every ``checkpoint_every`` x ``log_every`` steps, written on every stop; a checkpoint
 holds the actor, the twin critics and their targets, the three optimisers, the temperature, the step
 counters, the sampler's state and the replay's contents, so ``--resume`` continues the same run. Env
 state is not checkpointed: a resumed run starts a fresh episode (and, with gSDE, a fresh exploration matrix).
@@ -137,6 +138,9 @@ class SACConfig:
     (--edge-broker, --edge-fleet), into the replay with each transition's acting version."""
     log_every: int = declared(Integer(min=1, max=10**12), 1000)
     """Write metrics every this many env steps."""
+    commit_every: int = declared(Integer(min=1, max=10**12), 250)
+    """Commit every this many env steps: the rolling checkpoint a kill -9 resumes from is at most this far behind
+    (benchmarks/rolling_checkpoint.py measures the cost)."""
     eval_episodes: int = declared(Integer(min=1, max=100_000), 20)
     """Episodes of the exported deterministic policy evaluated at the end of train_sac."""
 
@@ -391,8 +395,13 @@ class SACTrainer:
 
     # -- the loop ----------------------------------------------------------------------------------------
 
-    def run(self, until_step: int, *, on_log: Callable[[int, dict[str, float]], None] | None = None) -> None:
-        """Step the env and learn until `global_step` reaches `until_step`."""
+    def run(self, until_step: int, *, on_log: Callable[[int, dict[str, float]], None] | None = None,
+            on_step: Callable[[int], None] | None = None) -> None:
+        """Step the env and learn until `global_step` reaches `until_step`.
+
+        ``on_step(global_step)`` runs after every step's update, ``on_log(global_step, metrics)`` after it every
+        ``log_every`` steps.
+        """
         torch = self.torch
         cfg = self.config
         started, steps_at_start = time.perf_counter(), self.global_step
@@ -427,6 +436,8 @@ class SACTrainer:
             self.global_step += 1
             if self.global_step >= cfg.learning_starts:
                 self.update()
+            if on_step is not None:
+                on_step(self.global_step)
             if on_log is not None and self.global_step % cfg.log_every == 0:
                 rate = (self.global_step - steps_at_start) / max(time.perf_counter() - started, 1e-9)
                 on_log(self.global_step, {**self.last_metrics, "perf/env_steps_per_s": rate,

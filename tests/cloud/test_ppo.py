@@ -473,3 +473,23 @@ def test_a_gsde_run_redraws_its_noise_resumes_and_exports_its_mean(tmp_path: Pat
     finally:
         envs.close()
     assert draws == [2, 2, 2, 2]  # steps 0, 8, 16, 24
+
+
+def test_every_decision_at_the_target_is_one_log_line_and_one_metrics_record(tmp_path: Path) -> None:
+    from cloud.runs._train import TargetCheck
+
+    config = PPOConfig(num_envs=4, num_steps=64, update_epochs=1, hidden_sizes=(8,))
+    lines: list[str] = []
+    plain = train(env_id="CartPole-v1", total_steps=100_000, run_dir=tmp_path / "plain", config=config,
+                  target_return=0.0, progress=False, log=lines.append)
+    [line] = [line for line in lines if "stopping" in line or "goes on" in line]
+    assert line.startswith(f"train: target return 0 reached at step {plain.solved_at_step:,}: mean of the last 20 ")
+    assert [r["decision/stop"] for r in read_metrics(tmp_path / "plain") if "decision/stop" in r] == [1.0]
+    # A confirmation the deterministic policy fails: the run goes on, and says why.
+    check = TargetCheck(100.0, confirm_episodes=5)
+    assert not check.confirm(7, lambda episodes: 42.0)
+    line, values = check.decision(stop=False, step=4096, mean_return=120.0)
+    assert line == ("training mean reached the target return 100 at step 4,096, but the deterministic policy averaged "
+                    "42.0 over 5 fresh episodes (training mean 120.0): below the target, training goes on (next "
+                    "check in 5 updates)")
+    assert values == {"decision/stop": 0.0, "charts/greedy_return": 42.0}
