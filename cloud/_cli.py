@@ -151,7 +151,7 @@ def _train(args: argparse.Namespace) -> int:
     from cloud.runs._presets import apply_preset
     from cloud.runs._run import resume_command
     from cloud.runs._stop import StopSignal
-    from cloud.runs._train import train
+    from cloud.runs._train import accounting_line, train
     from cloud.switching._modes import SwitchingConfig
     from cloud.switching._switcher import SwitchRules
     from device import config_from_args
@@ -183,9 +183,7 @@ def _train(args: argparse.Namespace) -> int:
         print(f"strata train: switched {event.from_mode} -> {event.to_mode} at step {event.at_step:,} "
               f"({event.trigger}: {event.reason}); pause {event.pause_s * 1000:.0f} ms")
     if result.accounting and result.switches:
-        print(f"strata train: transitions produced {result.accounting['produced']:,}, consumed "
-              f"{result.accounting['consumed']:,}, duplicates {result.accounting['duplicates']}, "
-              f"gaps {result.accounting['gaps']}")
+        print(f"strata train: {accounting_line(result.accounting)}")
     print(f"strata train: checkpoint {result.checkpoint}; metrics {args.run_dir / METRICS_FILE}")
     return 0
 

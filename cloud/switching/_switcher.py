@@ -19,7 +19,10 @@ runtime, crashed pool workers: any `StrataError`) is failed over at once to anot
 has not failed, on the same policy version: the update is collected again there, the failed source is
 closed (a later switch to its mode starts it afresh), and the move is logged and recorded as an
 automatic switch whose reason starts with ``failover:``. Only when no mode is left does the error
-reach the learner, whose stop path checkpoints the last completed update.
+reach the learner, whose stop path checkpoints the last completed update. A warm standby source that
+died while idle (its env service or worker killed) is replaced by a fresh one when a switch or a
+failover starts it; a switch whose target will not start even then fails the request (`strata switch`
+says why) and the run stays in its mode.
 
 Manual requests (`strata switch`) and automatic rules (`SwitchRules`) go through the same path. A
 manual switch is an override: the automatic rules stay quiet for the rest of the run (an operator who
@@ -226,18 +229,40 @@ class Switcher:
         batch = parts[0] if len(parts) == 1 else RolloutBatch.concat_envs(parts, source=self.mode)
         return batch, episodes
 
+    def _start(self, mode: str, *, incarnation: int) -> None:
+        """Start `mode`'s source on fresh streams; a warm one that died while idle is replaced by a new one, once."""
+        if mode in self._sources:
+            try:
+                self._source(mode).restart(incarnation=incarnation)
+                return
+            except Exception as exc:
+                first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                self._log(f"switcher: the warm {mode} source failed to start ({first_line[:300]}); starting it anew")
+                self._drop(mode)
+        try:
+            self._source(mode).restart(incarnation=incarnation)
+        except Exception:
+            self._drop(mode)
+            raise
+
+    def _drop(self, mode: str) -> None:
+        """Close `mode`'s source and forget it (a later use builds it afresh); what it produced stays counted."""
+        source = self._sources.pop(mode, None)
+        if source is None:
+            return
+        self._produced_before += source.produced()
+        with contextlib.suppress(Exception):  # its processes may be dead already; closing must not mask the cause
+            source.close()
+
     def _fail_over(self, exc: StrataError, failed: list[str], *, step: int, version: int) -> None:
         """Move from the failed active source to the first configured mode that has not failed; else re-raise."""
         broken = self.mode
-        source = self._sources.pop(broken)
-        self._produced_before += source.produced()
-        with contextlib.suppress(Exception):  # its processes may be dead already; closing must not mask `exc`
-            source.close()
+        self._drop(broken)
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         for to in [m for m in self._builders if m not in failed]:
             started = time.perf_counter()
             try:
-                self._source(to).restart(incarnation=version)
+                self._start(to, incarnation=version)
             except Exception as start_exc:  # the next mode may still work
                 self._log(f"switcher: failover to {to} failed while starting it: {start_exc}")
                 failed.append(to)
@@ -343,6 +368,11 @@ class Switcher:
             trigger = "auto"
         try:
             event = self._switch(request.to, request.reason, trigger, step=step, version=version)
+        except SwitchError as exc:  # the target would not start: the requester hears why, the run goes on
+            request.future.set_exception(exc)
+            self._log(f"switcher: {exc}")
+            self._last_switch_update = update
+            return None
         except BaseException as exc:
             request.future.set_exception(exc)
             raise
@@ -360,7 +390,7 @@ class Switcher:
         started = time.perf_counter()
         previous = self.mode
         try:
-            self._source(to).restart(incarnation=version)
+            self._start(to, incarnation=version)
         except Exception as exc:
             raise SwitchError(f"switch {previous} -> {to} failed while starting {to}: {exc}; "
                               f"the run stays in {previous}") from exc
