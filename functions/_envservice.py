@@ -36,6 +36,7 @@ import numpy as np
 from device import RolloutBatch, StrataError, pack_arrays, require, space_bounds, space_to_json, unpack_arrays
 from functions._codec import CodecError, available_codecs, decode_bytes, encode_bytes
 from functions._errors import FunctionsError
+from functions._lifetime import signals_held
 
 if TYPE_CHECKING:
     import grpc
@@ -500,7 +501,8 @@ class EnvServiceClient:
 
     def _call(self, name: str, request: Any, timeout_s: float | None = None) -> Any:
         try:
-            return getattr(self._stub, name)(request, timeout=timeout_s or self.timeout_s)
+            with signals_held():
+                return getattr(self._stub, name)(request, timeout=timeout_s or self.timeout_s)
         except self._grpc.RpcError as exc:
             raise self._translate(name, exc) from exc
 
@@ -532,8 +534,9 @@ class EnvServiceClient:
         try:
             stub = health_pb2_grpc.HealthStub(self._channel)
             # wait_for_ready: a channel in reconnect backoff (the service restarted) waits for it, up to the deadline
-            reply = stub.Check(health_pb2.HealthCheckRequest(service="strata.env.v1.EnvService"),
-                               timeout=timeout_s or self.timeout_s, wait_for_ready=True)
+            with signals_held():
+                reply = stub.Check(health_pb2.HealthCheckRequest(service="strata.env.v1.EnvService"),
+                                   timeout=timeout_s or self.timeout_s, wait_for_ready=True)
         except self._grpc.RpcError:
             return False
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
@@ -548,12 +551,14 @@ class EnvServiceClient:
         """Start a Step call; finish it with `step_result`."""
         req = self._pb.StepRequest(envs=list(envs), autoreset=autoreset,
                                    actions=encode_tensors(self._pb.Tensors, {}, {"actions": np.asarray(actions)}))
-        return self._stub.Step.future(req, timeout=self.timeout_s)
+        with signals_held():
+            return self._stub.Step.future(req, timeout=self.timeout_s)
 
     def step_result(self, future: Any) -> dict[str, np.ndarray]:
         """Wait for a Step call started by `step_future` and decode its arrays."""
         try:
-            reply = future.result()
+            with signals_held():
+                reply = future.result()
         except self._grpc.RpcError as exc:
             raise self._translate("Step", exc) from exc
         return decode_tensors(reply.result)[1]
@@ -579,12 +584,14 @@ class EnvServiceClient:
         """Start a Rollout call of `steps` steps; finish it with `rollout_result`."""
         req = self._pb.RolloutRequest(steps=steps, min_version=min_version, codec=codec,
                                       refresh_policy=refresh_policy)
-        return self._stub.Rollout.future(req, timeout=self.timeout_s)
+        with signals_held():
+            return self._stub.Rollout.future(req, timeout=self.timeout_s)
 
     def rollout_result(self, future: Any) -> RolloutBatch:
         """Wait for a Rollout call and decode its fragment."""
         try:
-            reply = future.result()
+            with signals_held():
+                reply = future.result()
         except self._grpc.RpcError as exc:
             raise self._translate("Rollout", exc) from exc
         return RolloutBatch.from_bytes(decode_bytes(reply.batch))

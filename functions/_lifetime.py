@@ -19,7 +19,7 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 PARENT_ENV = "STRATA_PARENT_PID"
 """Environment variable naming the pid a child must not outlive."""
@@ -108,3 +108,21 @@ def watch_parent(parent: int | None = None, *, on_death: Callable[[], None] | No
     thread = threading.Thread(target=watch, name="strata-parent-watch", daemon=True)
     thread.start()
     return thread
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP while the block runs in the main thread (they are delivered when it ends).
+
+    What a stop must not cut in half: a checkpoint write, and a gRPC call (an exception raised by a signal
+    handler while a call waits can orphan it, and closing its channel then waits forever).
+    """
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

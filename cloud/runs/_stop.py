@@ -35,6 +35,7 @@ from typing import Any
 
 from cloud.runs._checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, save_checkpoint
 from device import ConfigError, write_atomic
+from functions._lifetime import signals_held
 
 _SIGNALS = ("SIGTERM", "SIGHUP")
 """Signals turned into `StopSignal` (SIGINT already raises KeyboardInterrupt)."""
@@ -70,20 +71,6 @@ def stop_signals() -> Iterator[None]:
     finally:
         for name, old in previous.items():
             signal.signal(getattr(signal, name), old)
-
-
-@contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM while the block runs (they are delivered when it ends)."""
-    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def describe_stop(exc: BaseException) -> str:
