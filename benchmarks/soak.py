@@ -77,6 +77,7 @@ NUM_ENVS, NUM_STEPS = 4, 32
 BATCH = NUM_ENVS * NUM_STEPS
 FLEET = "soak"
 TRAINER_KINDS = ("pool-worker", "env-service", "function-worker")
+MODE_OF = {"pool-worker": "colocated", "env-service": "decoupled", "function-worker": "functions"}
 FAULT_KINDS = (*TRAINER_KINDS, "edge-agent", "broker")
 SHM_PREFIX = "strata_colo_"
 MARKER = ".strata-soak"
@@ -408,7 +409,16 @@ class Soak:
             target = node
             self.start_agent(node)
         else:
+            # Half the kills hit the mode feeding the learner (mid-rollout), the rest a warm standby when it has
+            # processes of that kind (a function worker lives only while its mode is used).
             victims = sorted(pid for role, pid in self.processes() if role == kind)
+            if (not victims or self.rng.random() < 0.5) and self.current_mode() != MODE_OF[kind]:
+                self.switch(MODE_OF[kind])
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and not (
+                        victims := sorted(pid for role, pid in self.processes() if role == kind)):
+                    time.sleep(0.2)
+                version = self.version()
             if not victims:
                 self.state.skipped.append(f"{self.state.now():.0f}s {kind}: no such process")
                 self.state.say(f"fault {kind} skipped: no such process")
@@ -445,6 +455,16 @@ class Soak:
             if ok:
                 f.recovered_s = now - f.at_s
                 self.state.say(f"recovered from {f.kind} ({f.target}) in {f.recovered_s:.1f} s")
+
+    def current_mode(self) -> str | None:
+        """The mode feeding the learner now, from the run's control endpoint (None while it is not up)."""
+        from cloud.switching._control import ControlClient, ControlError
+
+        try:
+            mode = ControlClient.for_run(self.run_dir).status().get("mode")
+        except (ControlError, OSError):
+            return None
+        return str(mode) if mode else None
 
     def switch(self, to: str) -> dict[str, Any]:
         """`strata switch` to `to`; its exit status, time and answer."""
@@ -495,7 +515,6 @@ class Soak:
         sampler.start()
         publisher = threading.Thread(target=self.publisher, daemon=True)
         publisher.start()
-        mode = MODES[0]
         try:
             for at, event in events:
                 while self.state.now() < at:
@@ -504,23 +523,20 @@ class Soak:
                 if event.startswith("fault:"):
                     self.inject(event.removeprefix("fault:"))
                 elif event == "switch":
-                    to = self.rng.choice([m for m in MODES if m != mode])
-                    if self.switch(to)["rc"] == 0:
-                        mode = to
+                    self.switch(self.rng.choice([m for m in MODES if m != self.current_mode()]))
                 elif event == "resume":
                     self.resume_trainer()
-                    mode = MODES[0]
             while self.state.now() < c.duration_s:
                 self.check_recoveries()
                 time.sleep(0.5)
-            return self.finish(mode)
+            return self.finish()
         finally:
             self._stop_sampling.set()
             sampler.join(timeout=60)
             publisher.join(timeout=300)
             self.teardown()
 
-    def finish(self, mode: str) -> dict[str, Any]:
+    def finish(self) -> dict[str, Any]:
         """The end checks (see the module docstring)."""
         c = self.config
         self._stop_sampling.set()  # the slopes are over the soak itself, not the checks after it; no more publishing
@@ -531,6 +547,7 @@ class Soak:
             self.check_recoveries()
             time.sleep(0.5)
         final_switches = []
+        mode = self.current_mode() or MODES[0]
         for to in [m for m in MODES if m != mode] + [mode]:
             final_switches.append(self.switch(to))
         self.publish()
