@@ -236,6 +236,8 @@ class Soak:
         self._stop_sampling = threading.Event()
         self._publishing = threading.Event()  # set while no publish is under way
         self._publishing.set()
+        self._watching = threading.Event()  # cleared to stop the watcher
+        self._watching.set()
         self._resumed_from = 0  # the policy version a resumed trainer must pass before it counts as started
 
     # --- the pieces -------------------------------------------------------------------------------------------
@@ -387,6 +389,12 @@ class Soak:
 
     # --- faults -----------------------------------------------------------------------------------------------
 
+    def watcher(self) -> None:
+        """Check the open faults' recovery every half second (a thread, so a blocking switch delays no check)."""
+        while self._watching.is_set():
+            self.check_recoveries()
+            time.sleep(0.5)
+
     def publisher(self) -> None:
         """Export and publish every ``publish_every_s`` until stopped (a thread: an export takes seconds)."""
         while not self._stop_sampling.wait(self.config.publish_every_s):
@@ -436,7 +444,7 @@ class Soak:
 
     def check_recoveries(self) -> None:
         """Mark the faults whose recovery condition holds now (see the module docstring)."""
-        open_faults = [f for f in self.state.faults if f.recovered_s is None]
+        open_faults = [f for f in list(self.state.faults) if f.recovered_s is None]
         if not open_faults:
             return
         version = self.version()
@@ -515,11 +523,12 @@ class Soak:
         sampler.start()
         publisher = threading.Thread(target=self.publisher, daemon=True)
         publisher.start()
+        watcher = threading.Thread(target=self.watcher, daemon=True)
+        watcher.start()
         try:
             for at, event in events:
                 while self.state.now() < at:
-                    self.check_recoveries()
-                    time.sleep(0.5)
+                    time.sleep(0.2)
                 if event.startswith("fault:"):
                     self.inject(event.removeprefix("fault:"))
                 elif event == "switch":
@@ -527,13 +536,14 @@ class Soak:
                 elif event == "resume":
                     self.resume_trainer()
             while self.state.now() < c.duration_s:
-                self.check_recoveries()
-                time.sleep(0.5)
+                time.sleep(0.2)
             return self.finish()
         finally:
             self._stop_sampling.set()
             sampler.join(timeout=60)
             publisher.join(timeout=300)
+            self._watching.clear()
+            watcher.join(timeout=60)
             self.teardown()
 
     def finish(self) -> dict[str, Any]:
@@ -544,7 +554,6 @@ class Soak:
         # Let the last faults heal (up to the bound), then every mode must take the run once more.
         deadline = time.monotonic() + c.recovery_bound_s
         while any(f.recovered_s is None for f in self.state.faults) and time.monotonic() < deadline:
-            self.check_recoveries()
             time.sleep(0.5)
         final_switches = []
         mode = self.current_mode() or MODES[0]
