@@ -33,6 +33,7 @@ and what the learner consumed, so a loss or a duplicate is visible.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import threading
 import time
@@ -117,27 +118,67 @@ class SwitchEvent:
 
 
 @dataclass
+class SeqIntervals:
+    """The sequence numbers seen of one transition stream, kept as disjoint sorted runs (not one id each).
+
+    A stream's ids arrive in order, so it stays one run however long the run goes; memory grows only with the
+    holes and the out-of-order arrivals, never with the transitions.
+    """
+
+    lows: list[int] = field(default_factory=list)
+    highs: list[int] = field(default_factory=list)
+    size: int = 0
+    """Ids added, duplicates included."""
+
+    def add(self, seq: np.ndarray) -> None:
+        """Record the ids of `seq` (any order; repeats are counted by `duplicates`)."""
+        unique = np.unique(seq)
+        self.size += int(seq.size)
+        for run in np.split(unique, np.flatnonzero(np.diff(unique) != 1) + 1):
+            if run.size:
+                self._merge(int(run[0]), int(run[-1]))
+
+    def _merge(self, lo: int, hi: int) -> None:
+        first = bisect.bisect_left(self.highs, lo - 1)  # the first run that ends at or after lo - 1
+        last = bisect.bisect_right(self.lows, hi + 1)  # past the last run that starts at or before hi + 1
+        if first < last:
+            lo, hi = min(lo, self.lows[first]), max(hi, self.highs[last - 1])
+        self.lows[first:last] = [lo]
+        self.highs[first:last] = [hi]
+
+    @property
+    def unique(self) -> int:
+        """Distinct ids seen."""
+        return sum(h - lo + 1 for lo, h in zip(self.lows, self.highs, strict=True))
+
+    @property
+    def duplicates(self) -> int:
+        """Ids seen more than once (each repeat counts)."""
+        return self.size - self.unique
+
+    @property
+    def gaps(self) -> int:
+        """Ids missing between the smallest and the largest seen."""
+        return self.highs[-1] - self.lows[0] + 1 - self.unique if self.lows else 0
+
+
+@dataclass
 class Accounting:
     """Transitions produced per source vs consumed by the learner, with duplicate and gap checks."""
 
     consumed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    _seen: dict[tuple[str, int], list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
+    _seen: dict[tuple[str, int], SeqIntervals] = field(default_factory=lambda: defaultdict(SeqIntervals))
 
     def consume(self, batch: RolloutBatch) -> None:
         """Record that the learner used every transition of `batch` (one source's part of an update)."""
         self.consumed[batch.source] += batch.size
         for j, w in enumerate(batch.worker.tolist()):
-            self._seen[(batch.source, int(w))].append(batch.seq[:, j].copy())
+            self._seen[(batch.source, int(w))].add(batch.seq[:, j])
 
     def check(self) -> dict[str, int]:
         """Return ``{"consumed", "duplicates", "gaps"}`` over every stream seen."""
-        duplicates = gaps = 0
-        for parts in self._seen.values():
-            seq = np.sort(np.concatenate(parts))
-            duplicates += int(np.sum(seq[1:] == seq[:-1]))
-            unique = np.unique(seq)
-            gaps += int(unique[-1] - unique[0] + 1 - unique.size)
-        return {"consumed": sum(self.consumed.values()), "duplicates": duplicates, "gaps": gaps}
+        return {"consumed": sum(self.consumed.values()), "duplicates": sum(s.duplicates for s in self._seen.values()),
+                "gaps": sum(s.gaps for s in self._seen.values())}
 
 
 @dataclass
