@@ -6,7 +6,12 @@ Nothing heavy is imported here: each command imports torch, gymnasium or onnx wh
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cloud.rollout._edge import EdgeSourceConfig
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -17,10 +22,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from cloud.hybrid import HybridConfig
     from cloud.learners._ppo_config import PPOConfig
     from cloud.learners._sac import SACConfig
+    from cloud.rollout._edge import EdgeSourceConfig
     from cloud.runs._stop import ROLLING_EVERY_S
     from cloud.switching._modes import SwitchingConfig
     from cloud.switching._switcher import SwitchRules
     from device import add_config_arguments, finite_float, seconds
+    from functions._envservice import TLS_GROUP_TITLE
+    from functions._secure import ServiceTLS
 
     demo = sub.add_parser(
         "demo",
@@ -28,7 +36,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Run strata end to end on embedded defaults and write a report folder: PPO on CartPole-v1 "
         "co-located, switched live to serverless functions (local runtime) and back by the rules; a signed edge "
         "bundle and a distilled device bundle; three edge agents and two devices on the embedded MQTT broker; "
-        "a fleet table; learning-curve and throughput plots and a markdown summary.",
+        "a fleet table; a fresh policy trained from the experience of three edge agents alone (the edge mode); "
+        "learning-curve and throughput plots and a markdown summary.",
     )
     add_config_arguments(demo, DemoConfig)
     demo.set_defaults(func=_demo)
@@ -77,7 +86,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                          skip={f.name for f in dataclasses.fields(PPOConfig)})
     add_config_arguments(train.add_argument_group(
         "execution modes and live switching (SwitchingConfig): e.g. --modes colocated decoupled functions"),
-        SwitchingConfig)
+        SwitchingConfig, skip={"tls"})
+    add_config_arguments(train.add_argument_group(
+        TLS_GROUP_TITLE + ": for --env-services off this host and the hybrid units' parameter server"), ServiceTLS)
+    add_config_arguments(train.add_argument_group(
+        "the edge mode (EdgeSourceConfig, --modes ... edge): the fleet's experience over MQTT trains the policy; "
+        "edge agents run with --experience-steps N and --trust RUN_DIR/keys/strata-signing.pub"), EdgeSourceConfig)
     add_config_arguments(train.add_argument_group("automatic switching rules (SwitchRules)"), SwitchRules)
     add_config_arguments(train.add_argument_group(
         "hybrid units (HybridConfig, --modes hybrid [UNIT_MODES...]): learner replicas in step through "
@@ -138,9 +152,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     from cloud._demo import DemoConfig, run_demo
+    from cloud.runs._stop import StopSignal
     from device import config_from_args
 
-    return run_demo(config_from_args(DemoConfig, args))
+    config = config_from_args(DemoConfig, args)
+    try:
+        return run_demo(config)
+    except StopSignal as stop:  # SIGTERM during a training stage: it has stopped its run and said so
+        print(f"strata demo: stopped by {stop.name}", file=sys.stderr)
+        return stop.exit_status
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -152,9 +172,9 @@ def _train(args: argparse.Namespace) -> int:
     from cloud.runs._run import resume_command
     from cloud.runs._stop import StopSignal
     from cloud.runs._train import accounting_line, train
-    from cloud.switching._modes import SwitchingConfig
+    from cloud.switching._modes import switching_from_args
     from cloud.switching._switcher import SwitchRules
-    from device import config_from_args
+    from device import ConfigError, config_from_args
 
     _refuse_flags_of_the_other_algo(args)  # what was typed, before a preset fills in its values
     apply_preset(args)
@@ -165,14 +185,19 @@ def _train(args: argparse.Namespace) -> int:
     refuse_hybrid_flags(args)
     if args.algo == "sac":
         return _train_sac(args)
+    switching = switching_from_args(args)
+    if (switching.tls.enabled or switching.tls.tls_token_file) and not switching.env_services:
+        raise ConfigError("train: --tls-* secure connections to --env-services (and the hybrid units' parameter "
+                          "server); this run has neither: add --env-services HOST:PORT,... or drop them")
     config = PPOConfig.from_flags(args, base=resumed_config(PPOConfig, args.run_dir) if args.resume else None)
+    edge = _edge_config(args)
     try:
         result = train(env_id=args.env, total_steps=args.total_steps, run_dir=args.run_dir, seed=args.seed,
                        config=config, resume=args.resume, target_return=args.target_return,
                        confirm_episodes=args.confirm_episodes, checkpoint_every=args.checkpoint_every,
                        rolling_checkpoint_s=args.rolling_checkpoint_s,
-                       switching=config_from_args(SwitchingConfig, args), rules=config_from_args(SwitchRules, args),
-                       resume_command=resume_command(args))
+                       switching=switching, rules=config_from_args(SwitchRules, args),
+                       resume_command=resume_command(args), edge=edge)
     except StopSignal as stop:
         return stop.exit_status  # the stop line said where the checkpoint is
     solved = ("" if result.solved_at_step is None
@@ -188,6 +213,27 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _edge_config(args: argparse.Namespace) -> EdgeSourceConfig | None:
+    """The edge mode's config when ``--modes`` names it; edge flags without that mode would do nothing: an error."""
+    import dataclasses
+
+    from cloud.rollout._edge import EdgeSourceConfig
+    from device import ConfigError, config_from_args
+
+    sac = args.algo == "sac"
+    if ("edge" in (args.modes or ())) if not sac else args.env_mode == "edge":
+        config = config_from_args(EdgeSourceConfig, args)
+        config.check_ready()
+        return config
+    given = sorted(f.name for f in dataclasses.fields(EdgeSourceConfig) if getattr(args, f.name, None) is not None)
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        where = "--env-mode edge (SAC)" if sac else "edge in --modes"
+        raise ConfigError(f"train: {flags} configure the edge mode, which this run does not use; give {where} or "
+                          "drop them")
+    return None
+
+
 def _refuse_flags_of_the_other_algo(args: argparse.Namespace) -> None:
     """A flag the chosen learner does not use is an error, never silently ignored."""
     import dataclasses
@@ -197,11 +243,13 @@ def _refuse_flags_of_the_other_algo(args: argparse.Namespace) -> None:
     from cloud.switching._modes import SwitchingConfig
     from cloud.switching._switcher import SwitchRules
     from device import ConfigError
+    from functions._secure import ServiceTLS
 
     ppo = {f.name for f in dataclasses.fields(PPOConfig)}
     sac = {f.name for f in dataclasses.fields(SACConfig)}
     if args.algo == "sac":
         unused = (ppo - sac) | {f.name for f in dataclasses.fields(SwitchingConfig) if f.name != "control"}
+        unused |= {f.name for f in dataclasses.fields(ServiceTLS)}
         unused |= {f.name for f in dataclasses.fields(SwitchRules)} | {"target_return", "confirm_episodes"}
         why = ("SAC runs in one mode (--env-mode) without live switching or an early stop; drop them or use "
                "--algo ppo")
@@ -225,6 +273,7 @@ def _train_sac(args: argparse.Namespace) -> int:
     from device import config_from_args
 
     config = config_from_args(SACConfig, args)
+    edge = _edge_config(args)
     newest = latest_checkpoint(args.run_dir) if args.resume else None
     if newest is not None:  # the checkpoint's hyperparameters, unless flags override them
         state = load_checkpoint(newest)
@@ -236,7 +285,7 @@ def _train_sac(args: argparse.Namespace) -> int:
         result = train_sac(config, env_id=args.env, run_dir=args.run_dir, seed=args.seed,
                            total_steps=args.total_steps, resume=args.resume, checkpoint_every=args.checkpoint_every,
                            rolling_checkpoint_s=args.rolling_checkpoint_s,
-                           control=args.control is not False, resume_command=resume_command(args))
+                           control=args.control is not False, resume_command=resume_command(args), edge=edge)
     except StopSignal as stop:
         return stop.exit_status
     print(f"strata train: {args.env}: SAC, {result.global_step:,} env steps, exported policy's mean evaluation "
@@ -274,6 +323,20 @@ def _status(args: argparse.Namespace) -> int:
               for u in status.get("units", [])],
             ("last switch", "none" if not last else f"{last['from_mode']} -> {last['to_mode']} at step "
              f"{last['at_step']:,} ({last['trigger']}: {last['reason']}), pause {last['pause_s'] * 1000:.0f} ms")]
+    edge = status.get("edge")
+    if isinstance(edge, dict):
+        rows += [("edge records", f"{edge.get('records', 0):,} learned from ({edge.get('transitions', 0):,} "
+                  f"transitions); {edge.get('records_received', 0):,} received, {edge.get('pending', 0):,} pending"),
+                 ("edge duplicates", f"{edge.get('duplicates_wire', 0):,} on the wire (stored once), "
+                  f"{edge.get('duplicates_learner', 0):,} dropped by the learner"),
+                 ("edge refused", f"{edge.get('refused_stale', 0):,} stale, {edge.get('refused', 0):,} malformed, "
+                  f"{edge.get('refused_ingest', 0):,} at ingest; staleness mean {edge.get('staleness_mean')} max "
+                  f"{edge.get('staleness_max')} versions"),
+                 ("edge ingesters", f"{edge.get('ingesters', 0)} running, {edge.get('ingester_restarts', 0)} "
+                  "restarts")]
+        for node, n in sorted((edge.get("nodes") or {}).items()):
+            rows.append((f"node {node}"[:17], f"{n.get('records', 0):,} records, v{n.get('version')}, lag "
+                         f"{n.get('lag_versions')} versions / {n.get('lag_s')} s"))
     for name, value in rows:
         print(f"{name:>17}  {value}")
     return 0

@@ -15,8 +15,12 @@ Stages:
 4. fleet      the embedded MQTT broker (or ``--broker``): three edge agents take the edge bundle,
               verify it and act on their simulators; two devices get the micro policy through their
               edge and escalate low-confidence observations; telemetry flows back into the fleet view
-5. report     summary.md linking learning_curve.png (with switch markers), throughput_by_mode.png,
-              fleet.txt / fleet.json and summary.json
+5. fleet trains  a fresh PPO run whose only experience is the fleet's (``--modes edge``): edge agent processes
+              act with each version the learner publishes and send their steps back through the broker; an
+              ingester stores each record once and receipts it; the run learns from every record exactly once
+              (records, duplicates, staleness in the report)
+6. report     summary.md linking learning_curve.png (with switch markers), fleet_training.png (the fleet-trained
+              curve beside the co-located one), throughput_by_mode.png, fleet.txt / fleet.json and summary.json
 
 Ctrl-C at any point stops every worker, service, runtime, agent and broker the demo started (they are
 all owned by context managers or ``finally`` blocks), and leaves no shared memory behind.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -34,7 +39,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from device import atomic_file, require, write_atomic
+from device import ConfigError, atomic_file, require, write_atomic
 
 ENV_ID = "CartPole-v1"
 SOLVED_RETURN = 475.0
@@ -64,6 +69,25 @@ class DemoConfig:
     """Terminal devices in the fleet stage."""
     fleet: bool = True
     """Run the export-to-fleet stages (False: train, export and evaluate only)."""
+    fleet_training: bool = True
+    """With fleet: also train a fresh policy from the fleet's experience alone (the edge mode)."""
+    fleet_training_steps: int = 40_000
+    """Env-step budget of the fleet-trained run; it stops earlier once its 20-episode mean reaches 475."""
+    fleet_training_nodes: int = 3
+    """Edge agent processes whose experience trains the fleet-trained run."""
+
+    def __post_init__(self) -> None:
+        # Checked before the first stage: a bad value would otherwise surface only minutes later, at stage 5.
+        if self.fleet_training_steps < 1:
+            raise ConfigError(f"demo: --fleet-training-steps {self.fleet_training_steps} must be >= 1")
+        if not 1 <= self.fleet_training_nodes <= 16:
+            raise ConfigError(f"demo: --fleet-training-nodes {self.fleet_training_nodes} must be between 1 and 16")
+
+
+FLEET_TRAINING_NODE_STEPS_PER_S = 300
+"""Each fleet-training node's experience budget (recorded steps/s). Unbudgeted, three nodes record ~10x what the
+learner takes: the surplus goes stale in the spool and is refused, and carrying it through the in-process embedded
+broker slows the learner several times over (docs/edge.md: give nodes a budget near what the learner takes)."""
 
 
 def _say(line: str) -> None:
@@ -85,12 +109,14 @@ def run_demo(config: DemoConfig) -> int:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    trains_from_fleet = config.fleet and config.fleet_training
+    stages = 6 if trains_from_fleet else 5
 
     # 1. Train, switching live. The demo owns out/run: a previous demo's run is replaced, not resumed.
     run_dir = out / "run"
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    _say(f"1/5 training PPO on {ENV_ID} co-located (budget {config.total_steps:,} env steps); the phase "
+    _say(f"1/{stages} training PPO on {ENV_ID} co-located (budget {config.total_steps:,} env steps); the phase "
          f"schedule moves it to serverless functions ({config.functions}) after {config.switch_at:,} steps")
     rules = SwitchRules(phase_steps=config.switch_at, phase_to="functions", thresholds=True, min_dwell_updates=24)
     switching = SwitchingConfig(modes=("colocated", "functions"), functions=config.functions, fragment_steps=128)
@@ -105,7 +131,7 @@ def run_demo(config: DemoConfig) -> int:
     if not private.exists():
         private, public = generate_keypair(key_dir)
     signing_key = load_signing_key(private)
-    _say("2/5 exporting a signed edge bundle and distilling a micro policy for devices")
+    _say(f"2/{stages} exporting a signed edge bundle and distilling a micro policy for devices")
     exported = export_run(run_dir, signing_key=signing_key, policy="cartpole", target_tier="edge")
     bundle_path = out / "policy.bundle"
     write_bundle(bundle_path, exported.bundle)
@@ -115,8 +141,8 @@ def run_demo(config: DemoConfig) -> int:
     write_bundle(micro_path, micro.bundle)
 
     # 3. Verify as the consumers would, and evaluate the edge bundle with the numpy-only executor.
-    _say(f"3/5 verifying both bundles and evaluating the policy with the numpy device executor ({EVAL_EPISODES} "
-         "episodes)")
+    _say(f"3/{stages} verifying both bundles and evaluating the policy with the numpy device executor "
+         f"({EVAL_EPISODES} episodes)")
     trust = TrustStore([load_public_key(public)])
     bundle = Verifier(trust=trust, tier="edge").verify(bundle_path.read_bytes())
     micro_bundle = Verifier(trust=trust, tier="device").verify(micro_path.read_bytes())
@@ -128,14 +154,24 @@ def run_demo(config: DemoConfig) -> int:
         from edge import run_fleet_demo
 
         where = config.broker or "the embedded MQTT broker"
-        _say(f"4/5 publishing through {where} to {config.edge_nodes} edge agents and {config.devices} devices")
+        _say(f"4/{stages} publishing through {where} to {config.edge_nodes} edge agents and {config.devices} devices")
         fleet = run_fleet_demo(bundle, trust=public, work_dir=out / "fleet", nodes=config.edge_nodes,
                                broker=config.broker, act_seconds=1.0, device_bundle=micro_bundle,
                                devices=config.devices, device_steps=1000, device_threshold=0.2)
 
-    # 5. The report.
-    _say("5/5 writing the report")
+    # 5. The fleet's experience trains a fresh policy.
+    fleet_training: dict[str, Any] | None = None
+    if trains_from_fleet:
+        _say(f"5/6 training a fresh policy from the experience of {config.fleet_training_nodes} edge agents alone "
+             f"(edge mode, budget {config.fleet_training_steps:,} env steps)")
+        fleet_training = _fleet_trains(config, out, key_dir)
+
+    # 6. The report.
+    _say(f"{stages}/{stages} writing the report")
     summary = _summary(config, result, exported, bundle, bundle_path, micro, micro_path, returns, fleet, started)
+    if fleet_training is not None:
+        summary["fleet_training"] = fleet_training
+        _fleet_training_curve(out / "fleet_training.png", fleet_training, result)
     switches = [e.to_dict() for e in result.switches]
     _learning_curve(out / "learning_curve.png", [(e.global_step, e.episodic_return) for e in result.episodes],
                     switches)
@@ -153,6 +189,94 @@ def run_demo(config: DemoConfig) -> int:
     _say(f"report in {out}/ (summary.md, learning_curve.png, throughput_by_mode.png, fleet.txt, policy.bundle, "
          "micro.bundle, keys/, run/)")
     return 0
+
+
+def _fleet_trains(config: DemoConfig, out: Path, key_dir: Path) -> dict[str, Any]:
+    """Stage 5: a fresh PPO run on the experience of edge agent processes alone (the edge mode); its figures."""
+    import contextlib
+    import subprocess
+    import sys
+
+    from cloud.learners._ppo_config import PPOConfig
+    from cloud.rollout._edge import EdgeSourceConfig, summarise_staleness
+    from cloud.runs._train import train
+    from cloud.switching._modes import SwitchingConfig
+    from edge import EmbeddedBroker
+    from functions._lifetime import child_environment
+
+    run_dir = out / "run-edge"
+    for folder in (run_dir, out / "fleet-training"):
+        if folder.exists():
+            shutil.rmtree(folder)
+    shutil.copytree(key_dir, run_dir / "keys")  # the run signs with the demo's key, which the agents trust
+    fleet_name = "demo-training"
+    with contextlib.ExitStack() as stack:
+        url = config.broker or stack.enter_context(EmbeddedBroker()).url
+        agents = []
+        for i in range(config.fleet_training_nodes):
+            cache = out / "fleet-training" / f"trainer-{i}"
+            cache.mkdir(parents=True)
+            log = stack.enter_context((cache.parent / f"trainer-{i}.log").open("ab"))
+            agents.append(subprocess.Popen(
+                [sys.executable, "-m", "cloud.cli", "edge", "run", "--fleet", fleet_name, "--node-id", f"trainer-{i}",
+                 "--cache-dir", str(cache), "--trust", str(key_dir / "strata-signing.pub"), "--broker", url,
+                 "--experience-steps", "32", "--experience-max-steps-per-s", str(FLEET_TRAINING_NODE_STEPS_PER_S),
+                 "--control-period-s", "0", "--health-latency-budget-ms", "5000",
+                 "--seed", str(config.seed * 100 + i)], stdout=log, stderr=log, env=child_environment()))
+        stack.callback(_end_all, agents)
+        edge = EdgeSourceConfig(edge_broker=url, edge_fleet=fleet_name, edge_wait_s=300,
+                                edge_protocol="auto" if config.broker else "3.1.1")
+        result = train(env_id=ENV_ID, total_steps=config.fleet_training_steps, run_dir=run_dir, seed=config.seed,
+                       config=PPOConfig(clip_vloss=False, learning_rate=1.5e-3), target_return=SOLVED_RETURN,
+                       switching=SwitchingConfig(modes=("edge",), control=False), edge=edge, progress=False,
+                       log=lambda line: _say(line.removeprefix("edge: ")) if "edge:" in line else None)
+    from cloud.runs._checkpoint import latest_checkpoint, load_checkpoint
+
+    ledger = load_checkpoint(latest_checkpoint(run_dir))["edge"]  # type: ignore[arg-type]
+    counters = ledger["counters"]
+    staleness = summarise_staleness((int(k), int(v)) for k, v in ledger["staleness"].items())
+    return {"env_steps": result.global_step, "seconds": round(result.wall_s, 1), "nodes": config.fleet_training_nodes,
+            "solved_at_step": result.solved_at_step, "mean_return_20": result.mean_return,
+            "records": int(counters.get("records", 0)), "transitions": int(counters.get("transitions", 0)),
+            "duplicates_dropped": int(counters.get("duplicates_learner", 0)),
+            "refused_stale": int(counters.get("refused_stale", 0)),
+            "duplicates_in_learner": (result.accounting or {}).get("duplicates", 0),
+            "gaps": (result.accounting or {}).get("gaps", 0),
+            "staleness": {k: (None if math.isnan(v) else round(v, 2)) for k, v in staleness.items()},
+            "curve": [(e.global_step, e.episodic_return) for e in result.episodes]}
+
+
+def _end_all(procs: list[Any]) -> None:
+    """Stop the agent processes (SIGTERM: each closes its link; SIGKILL after 10 s)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except Exception:
+            proc.kill()
+            proc.wait()
+
+
+def _fleet_training_curve(path: Path, figures: dict[str, Any], colocated: Any) -> None:
+    """The fleet-trained run's 20-episode mean beside the co-located run's, by env steps."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label, points in (("edge mode: fleet experience alone", figures["curve"]),
+                          ("co-located (stage 1)", [(e.global_step, e.episodic_return) for e in colocated.episodes])):
+        if len(points) >= 2:
+            steps = np.array([p[0] for p in points])
+            rets = np.array([p[1] for p in points])
+            window = np.convolve(rets, np.ones(20) / 20, mode="valid") if len(rets) >= 20 else rets
+            ax.plot(steps[len(steps) - len(window):], window, linewidth=2, label=label)
+    ax.axhline(SOLVED_RETURN, color="grey", linestyle="--", linewidth=1, label=f"solved ({SOLVED_RETURN:g})")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("20-episode mean return")
+    ax.set_title(f"PPO on {ENV_ID}: trained by the fleet's experience vs co-located")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    _save(fig, path)
 
 
 def _evaluate(bundle: Any, *, seed: int) -> list[float]:
@@ -314,6 +438,24 @@ def _markdown(summary: dict[str, Any], switches: list[dict[str, Any]], fleet: An
             ret = "-" if d["mean_return"] is None else f"{d['mean_return']:.1f}"
             lines.append(f"| {d['device']} | {d['edge']} | {d['steps']} | {tiers['device']} | {tiers['edge']} | "
                          f"{tiers['device-fallback']} | {ret} |")
+    ft = summary.get("fleet_training")
+    if ft:
+        solved = (f"reached a 20-episode mean of {SOLVED_RETURN:g} at env step {ft['solved_at_step']:,}"
+                  if ft["solved_at_step"] is not None else f"ended at a 20-episode mean of {ft['mean_return_20']:.1f}")
+        st = ft["staleness"]
+        lines += ["", "## The fleet trains the policy", "",
+                  f"A fresh PPO run learned from the experience of {ft['nodes']} edge agents alone (`--modes edge`): "
+                  f"it {solved} ({ft['env_steps']:,} env steps, {ft['seconds']:.1f} s). Every version it made went "
+                  "to the agents as a signed bundle; they acted with it (sampling their actions) and sent their "
+                  "steps back as records through the broker, kept in their outboxes until the learner's receipt.",
+                  "", "![fleet training](fleet_training.png)", "",
+                  "| figure | value |", "| --- | --- |",
+                  f"| records learned from | {ft['records']:,} ({ft['transitions']:,} transitions) |",
+                  f"| repeats dropped before learning / transitions learned twice | {ft['duplicates_dropped']} / "
+                  f"{ft['duplicates_in_learner']} |",
+                  f"| records refused as stale | {ft['refused_stale']:,} |",
+                  f"| staleness of learned transitions (versions): mean / p90 / max | {st['mean']} / {st['p90']} / "
+                  f"{st['max']} |"]
     lines += ["", f"Total demo time {summary['total_seconds']:.1f} s. Raw figures: [summary.json](summary.json).", ""]
     return "\n".join(lines)
 
@@ -350,6 +492,14 @@ def _print_table(summary: dict[str, Any]) -> None:
     for d in summary.get("fleet", {}).get("devices", []):
         rows.append(("fleet", f"{d['device']} (via {d['edge']})",
                      f"{d['by_tier']['edge']} of {d['steps']} escalated"))
+    ft = summary.get("fleet_training")
+    if ft:
+        rows += [("fleet trains", "solved at env step (edge mode)",
+                  "-" if ft["solved_at_step"] is None else f"{ft['solved_at_step']:,}"),
+                 ("fleet trains", "records / learned twice / stale refused",
+                  f"{ft['records']:,} / {ft['duplicates_in_learner']} / {ft['refused_stale']:,}"),
+                 ("fleet trains", "staleness mean / max (versions)",
+                  f"{ft['staleness']['mean']} / {ft['staleness']['max']}")]
     for row in rows:
         table.add_row(*row)
     Console().print(table)

@@ -45,6 +45,7 @@ from device._mqtt_access import (
     MqttTopicName,
     mqtt_client_id,
     mqtt_topic,
+    shared_filter,
 )
 from device._names import host, identifier, inside, is_host, is_identifier, shown
 from device._quantize import quantization_error, quantize_model, smallest_storage
@@ -118,6 +119,7 @@ __all__ = [
     "require",
     "run_device",
     "seconds",
+    "shared_filter",
     "shown",
     "smallest_storage",
     "space_bounds",

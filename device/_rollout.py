@@ -16,7 +16,10 @@ Arrays (``*S`` = observation shape, ``*A`` = action shape):
     policy_version [T, N]       int64: the policy version that chose the action
     worker         [N]          int64 stream ids
     seq            [T, N]       int64 per-stream sequence numbers
-    logprobs, values [T, N]     float32, present where the algorithm needs them (PPO)
+    logprobs, values [T, N]     float32, present where the algorithm needs them (PPO): the learner's log-prob of
+                                each action and its value estimate, computed with the weights the update starts from
+    behaviour_logprobs [T, N]   float32, present for off-policy experience (the edge fleet): the log-prob of each
+                                action under the policy that acted, for importance weights (V-trace)
 
 Batches travel as raw buffers through `device._wire`; nothing is pickled.
 """
@@ -33,7 +36,7 @@ from device._wire import WireError, pack_arrays, unpack_arrays
 
 _REQUIRED = ("obs", "actions", "rewards", "terminations", "truncations", "final_obs", "next_obs",
              "policy_version", "worker", "seq")
-_OPTIONAL = ("logprobs", "values")
+_OPTIONAL = ("logprobs", "values", "behaviour_logprobs")
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,12 +56,13 @@ class RolloutBatch:
     seq: np.ndarray
     logprobs: np.ndarray | None = None
     values: np.ndarray | None = None
+    behaviour_logprobs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.rewards.ndim != 2:
             raise ValueError(f"RolloutBatch: rewards must be [T, N], got shape {self.rewards.shape}")
         t, n = self.rewards.shape
-        for name in ("terminations", "truncations", "policy_version", "seq", "logprobs", "values"):
+        for name in ("terminations", "truncations", "policy_version", "seq", *_OPTIONAL):
             arr = getattr(self, name)
             if arr is not None and arr.shape != (t, n):
                 raise ValueError(f"RolloutBatch: {name} must have shape {(t, n)} like rewards, got {arr.shape}")

@@ -52,7 +52,10 @@ def pack_arrays(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> by
         data = a.tobytes()
         chunks.append(data)
         offset += len(data)
-    header = json.dumps({"meta": dict(meta), "arrays": specs}, separators=(",", ":")).encode()
+    try:  # NaN and Infinity are not JSON: a header that other parsers refuse is never written
+        header = json.dumps({"meta": dict(meta), "arrays": specs}, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError as exc:
+        raise WireError(f"pack_arrays: meta must be plain JSON without NaN or Infinity: {exc}") from None
     return b"".join([_PREFIX.pack(MAGIC, VERSION, len(header)), header, *chunks])
 
 
@@ -69,7 +72,7 @@ def unpack_arrays(data: bytes | bytearray | memoryview) -> tuple[dict[str, Any],
     if hlen > MAX_HEADER_BYTES or _PREFIX.size + hlen > len(view):
         raise WireError(f"unpack_arrays: header length {hlen} does not fit in {len(view)} bytes")
     try:
-        header = json.loads(bytes(view[_PREFIX.size : _PREFIX.size + hlen]))
+        header = json.loads(bytes(view[_PREFIX.size : _PREFIX.size + hlen]), parse_constant=_refuse_constant)
         meta = header["meta"]
         specs = header["arrays"]
         if not isinstance(meta, dict) or not isinstance(specs, dict):
@@ -104,6 +107,10 @@ def unpack_arrays(data: bytes | bytearray | memoryview) -> tuple[dict[str, Any],
         except ValueError as exc:  # a zero-size array with a dimension numpy cannot index
             raise WireError(f"unpack_arrays: array {name!r} has a shape numpy refuses {shape}: {exc}") from None
     return meta, arrays
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _is_index(value: object) -> bool:

@@ -9,7 +9,10 @@ Threads of one agent:
     sender   publishes the retained status when it changes and pumps the SQLite outbox (records are
              deleted only after their PUBACK)
     caller   `run` steps the gymnasium simulator with the active policy; every decision is tagged with the
-             policy version; episodes and inference latency become telemetry records in the outbox
+             policy version; episodes and inference latency become telemetry records in the outbox; with
+             ``experience_steps`` the steps also become experience records for the learner (`edge._experience`:
+             actions chosen as the policy's bundle asks, within the node's budget), kept in the outbox until the
+             learner's receipt names them
 
 The simulator never waits for the broker: with the broker unreachable, also from a restart, it acts on the
 cached policy and telemetry piles up on disk until the link is back.
@@ -31,9 +34,17 @@ from typing import Any, Literal
 
 import numpy as np
 
-from device import Bundle, BundleError, RolloutBatch, TrustStore, load_public_key, mqtt_client_id, require
+from device import Bundle, BundleError, TrustStore, load_public_key, mqtt_client_id, require
 from edge._cache import Phase, PolicyCache
 from edge._errors import CacheError, EdgeConfigError, EdgeError, PayloadError
+from edge._experience import (
+    MAX_RECORD_STEPS,
+    Budget,
+    ExperienceRecorder,
+    ExperienceRequest,
+    act_for_experience,
+    fits_payload,
+)
 from edge._gateway import EdgeGateway, GatewayConfig
 from edge._mqtt import LinkConfig, MqttLink, parse_broker_url
 from edge._outbox import Outbox, OutboxConfig
@@ -43,9 +54,9 @@ from edge._topics import (
     Chunk,
     ChunkAssembler,
     Control,
-    Experience,
     FleetTopics,
     NodeStatus,
+    Receipt,
     Telemetry,
     check_segment,
     is_json_payload,
@@ -117,7 +128,15 @@ class EdgeAgentConfig:
     telemetry_interval_s: float = 1.0
     """Seconds between telemetry records."""
     experience_steps: int = 0
-    """Steps of edge-collected experience per record for the learner (0: none)."""
+    """Collect experience for the learner in records of this many steps (0: none). A bundle that asks for
+    experience (an edge-mode learner's) sets the record length and how actions are chosen instead."""
+    experience_max_bytes_per_s: float = 0.0
+    """Bandwidth budget of experience records, bytes per second (0: unlimited); over it, steps go unrecorded."""
+    experience_max_steps_per_s: float = 0.0
+    """CPU budget of experience, recorded steps per second (0: unlimited); over it, steps go unrecorded."""
+    experience_receipt_timeout_s: float = 10.0
+    """Seconds an experience record waits for the learner's receipt after the broker's PUBACK before it is sent
+    again (doubling with every attempt)."""
     outbox_max_records: int = 100_000
     """Outbox capacity in records."""
     outbox_overflow: Literal["drop_oldest", "drop_newest"] = "drop_oldest"
@@ -139,6 +158,14 @@ class EdgeAgentConfig:
             raise EdgeConfigError(f"EdgeAgentConfig: telemetry_interval_s={self.telemetry_interval_s} must be > 0, "
                                   f"control_period_s={self.control_period_s} and experience_steps="
                                   f"{self.experience_steps} >= 0")
+        if self.experience_steps > MAX_RECORD_STEPS:
+            raise EdgeConfigError(f"EdgeAgentConfig: experience_steps={self.experience_steps} exceeds "
+                                  f"{MAX_RECORD_STEPS}; records must fit one MQTT message")
+        if (not 0 <= self.experience_max_bytes_per_s < math.inf or not 0 <= self.experience_max_steps_per_s < math.inf
+                or not 0 < self.experience_receipt_timeout_s < math.inf):
+            raise EdgeConfigError(f"EdgeAgentConfig: experience_max_bytes_per_s={self.experience_max_bytes_per_s} and "
+                                  f"experience_max_steps_per_s={self.experience_max_steps_per_s} must be finite and "
+                                  f">= 0, experience_receipt_timeout_s={self.experience_receipt_timeout_s} > 0")
 
     def health(self) -> HealthConfig:
         """The health-check settings."""
@@ -160,6 +187,12 @@ class AgentCounters:
     malformed: int = 0
     telemetry_records: int = 0
     experience_records: int = 0
+    experience_skipped_steps: int = 0
+    """Steps not recorded because the experience budget was spent (or a record would not fit one message)."""
+    receipts: int = 0
+    """Experience records the learner receipted (stored)."""
+    refused_records: int = 0
+    """Experience records the learner receipted as refused (the reason is in ``last_error``)."""
     first_act_at: dict[int, float] = field(default_factory=dict)
     """Unix time of the first decision made with each policy version."""
     update_stages: dict[int, dict[str, float]] = field(default_factory=dict)
@@ -207,7 +240,9 @@ class EdgeAgent:
 
     def _open_outbox(self) -> Outbox:
         path = Path(self.config.cache_dir) / "outbox.sqlite"
-        config = OutboxConfig(max_records=self.config.outbox_max_records, overflow=self.config.outbox_overflow)
+        config = OutboxConfig(max_records=self.config.outbox_max_records, overflow=self.config.outbox_overflow,
+                              receipt_timeout_s=self.config.experience_receipt_timeout_s,
+                              receipt_max_s=max(300.0, self.config.experience_receipt_timeout_s))
         try:
             try:
                 return Outbox(path, config)
@@ -325,6 +360,8 @@ class EdgeAgent:
             self.link.subscribe(self.topics.announce)
             self.link.subscribe(self.topics.control)
             self.link.subscribe(self.topics.node(self.config.node_id, "control"))
+            if self.config.experience_steps:
+                self.link.subscribe(self.topics.node(self.config.node_id, "receipt"))
             if self._follow is not None:
                 self.link.subscribe(self.topics.policy_latest(self._follow))
             if self.config.serve_devices:
@@ -394,6 +431,9 @@ class EdgeAgent:
                 if self.config.policy is None and ann.policy != self._follow:
                     self._follow_policy(ann.policy)
                 return
+            if topic == self.topics.node(self.config.node_id, "receipt"):
+                self._on_receipt(Receipt.decode(topic, payload))
+                return
             if topic in (self.topics.control, self.topics.node(self.config.node_id, "control")):
                 control = Control.decode(topic, payload)
                 if control.command == "status":
@@ -411,6 +451,17 @@ class EdgeAgent:
         with self._inbox_cond:
             self._inbox[topic] = (payload, time.perf_counter())
             self._inbox_cond.notify()
+
+    def _on_receipt(self, receipt: Receipt) -> None:
+        """The learner stored (or refused) these experience records: the outbox may delete them."""
+        self.outbox.confirm([*receipt.record_ids, *(int(k) for k in receipt.refused)])
+        self.counters.receipts += len(receipt.record_ids)
+        if receipt.refused:
+            self.counters.refused_records += len(receipt.refused)
+            rid, reason = next(iter(receipt.refused.items()))
+            self._note_error(f"the learner refused {len(receipt.refused)} experience record(s), e.g. {rid}: "
+                             f"{reason[:200]}")
+        self._sender_wake.set()
 
     def _follow_policy(self, policy: str) -> None:
         old, self._follow = self._follow, policy
@@ -595,9 +646,7 @@ class EdgeAgent:
         latencies: list[float] = []
         by_version: dict[int, int] = {}
         interval_steps = 0
-        exp: dict[str, list[Any]] = {k: [] for k in ("obs", "actions", "rewards", "terminations", "truncations",
-                                                     "final_obs", "policy_version")}
-        seq = 0
+        experience = _ExperienceTaker(self) if cfg.experience_steps else None
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
@@ -622,8 +671,13 @@ class EdgeAgent:
                     self._wake.wait(timeout=0.05)
                     self._wake.clear()
                     continue
+                recording = experience is not None and experience.recording(policy)
                 t0 = time.perf_counter()
-                action = policy.act(obs)
+                if recording:
+                    assert experience is not None
+                    action, logp = experience.act(policy, obs)
+                else:
+                    action, logp = policy.act(obs), None
                 latency = time.perf_counter() - t0
                 version = policy.version
                 if version not in self.counters.first_act_at:
@@ -641,14 +695,11 @@ class EdgeAgent:
                 episode_return += float(reward)
                 episode_length += 1
                 done = bool(terminated or truncated)
-                if cfg.experience_steps:
-                    exp["obs"].append(obs)
-                    exp["actions"].append(action)
-                    exp["rewards"].append(float(reward))
-                    exp["terminations"].append(bool(terminated))
-                    exp["truncations"].append(bool(truncated))
-                    exp["final_obs"].append(next_obs if done else np.zeros_like(next_obs))
-                    exp["policy_version"].append(version)
+                if recording:
+                    assert experience is not None
+                    experience.add(obs=obs, action=action, reward=float(reward), terminated=bool(terminated),
+                                   truncated=bool(truncated), final_obs=next_obs if done else None, version=version,
+                                   logp=logp, episode=(episode_return, episode_length) if done else None)
                 if done:
                     self.counters.episodes += 1
                     returns.append(episode_return)
@@ -657,10 +708,9 @@ class EdgeAgent:
                     next_obs, _ = env.reset()
                     next_obs = np.asarray(next_obs, dtype=np.float32)
                 obs = next_obs
-                if cfg.experience_steps and len(exp["obs"]) >= cfg.experience_steps:
-                    self._record_experience(exp, obs, seq)
-                    seq += len(exp["obs"])
-                    exp = {k: [] for k in exp}
+                if recording:
+                    assert experience is not None
+                    experience.finish_if_full(obs)
                 if cfg.control_period_s:
                     remaining = cfg.control_period_s - (time.perf_counter() - t0)
                     if remaining > 0 and self._wake.wait(timeout=remaining):
@@ -702,21 +752,87 @@ class EdgeAgent:
         self._status_dirty.set()  # the retained status carries the latest summary for late viewers
         self._sender_wake.set()
 
-    def _record_experience(self, exp: dict[str, list[Any]], next_obs: np.ndarray, seq0: int) -> None:
-        t = len(exp["obs"])
-        actions = np.asarray(exp["actions"])
-        batch = RolloutBatch(
-            source=f"edge:{self.config.node_id}",
-            obs=np.stack(exp["obs"])[:, None], actions=actions.reshape(t, 1, *actions.shape[1:]),
-            rewards=np.asarray(exp["rewards"], np.float32)[:, None],
-            terminations=np.asarray(exp["terminations"])[:, None], truncations=np.asarray(exp["truncations"])[:, None],
-            final_obs=np.stack(exp["final_obs"])[:, None], next_obs=next_obs[None],
-            policy_version=np.asarray(exp["policy_version"], np.int64)[:, None],
-            worker=np.zeros(1, np.int64), seq=np.arange(seq0, seq0 + t, dtype=np.int64)[:, None])
-        node = self.config.node_id
-        if self.outbox.put(self.topics.node(node, "experience"),
-                           lambda rid: Experience(record_id=rid, node=node, batch=batch).encode()) is not None:
-            self.counters.experience_records += 1
+
+class _ExperienceTaker:
+    """The caller thread's experience bookkeeping: the request of the acting policy, the record, the budget."""
+
+    def __init__(self, agent: EdgeAgent) -> None:
+        import zlib
+
+        cfg = agent.config
+        self.agent = agent
+        self.budget = Budget(bytes_per_s=cfg.experience_max_bytes_per_s, steps_per_s=cfg.experience_max_steps_per_s)
+        self.rng = np.random.default_rng([cfg.seed, zlib.crc32(cfg.node_id.encode())])
+        self.recorder: ExperienceRecorder | None = None
+        self._policy_version: int | None = None
+        self.request = ExperienceRequest(actions="sample", steps=cfg.experience_steps)
+        self.fits = True
+
+    def _follow(self, policy: OnnxPolicy) -> None:
+        """Read the experience request of a newly acting policy (once per version)."""
+        self._policy_version = policy.version
+        cfg = self.agent.config
+        try:
+            asked = ExperienceRequest.from_bundle(policy.bundle)
+        except EdgeConfigError as exc:
+            self.agent._note_error(str(exc))
+            asked = None
+        self.request = asked or ExperienceRequest(actions="sample", steps=cfg.experience_steps)
+        space = policy.bundle.manifest.observation_space
+        obs_shape = tuple(space.get("shape", ()))
+        act_shape = tuple(policy.bundle.manifest.action_space.get("shape", ()))
+        self.fits = fits_payload(obs_shape, 4, act_shape, self.request.steps)
+        if not self.fits:
+            self.agent._note_error(f"experience records of {self.request.steps} steps of observations "
+                                   f"{list(obs_shape)} would exceed the 128 KB MQTT payload limit; nothing is "
+                                   "recorded (the learner should ask for fewer steps per record: smaller --num-steps)")
+
+    def recording(self, policy: OnnxPolicy) -> bool:
+        """Whether this step is recorded (a record is open, or one may start within the budget)."""
+        if policy.version != self._policy_version:
+            self._follow(policy)
+        if self.recorder is not None:
+            return True
+        steps = self.request.steps
+        if self.fits and self.budget.allow(record_bytes=1024 + steps * 64, steps=steps):
+            self.recorder = ExperienceRecorder(self.agent.config.node_id, steps)
+            return True
+        self.agent.counters.experience_skipped_steps += 1
+        return False
+
+    def act(self, policy: OnnxPolicy, obs: np.ndarray) -> tuple[Any, float | None]:
+        """The action for the record, and its behaviour log-prob."""
+        return act_for_experience(policy, obs, self.request, self.rng)
+
+    def add(self, **step: Any) -> None:
+        """One recorded step."""
+        assert self.recorder is not None
+        self.recorder.add(**step)
+
+    def finish_if_full(self, next_obs: np.ndarray) -> None:
+        """Put a full record into the outbox (it stays there until the learner's receipt names it)."""
+        recorder = self.recorder
+        if recorder is None or not recorder.full:
+            return
+        self.recorder = None
+        agent = self.agent
+        build = recorder.record(next_obs)
+        sizes: list[int] = []
+
+        def built(record_id: int) -> bytes:
+            payload = build(record_id)
+            sizes.append(len(payload))
+            return payload
+
+        try:
+            record_id = agent.outbox.put(agent.topics.node(agent.config.node_id, "experience"), built, receipt=True)
+        except EdgeConfigError as exc:  # larger than one message after all (many episode ends)
+            agent._note_error(f"an experience record was not sent: {exc}")
+            return
+        self.budget.spend(record_bytes=sizes[0] if sizes else 0, steps=recorder.steps)
+        if record_id is not None:
+            agent.counters.experience_records += 1
+        agent._sender_wake.set()
 
 
 def read_password_file(path: str | Path) -> str:

@@ -4,8 +4,11 @@
 
     passwd                 Mosquitto password file (PBKDF2-SHA512, the ``$7$`` format of Mosquitto 2)
     acl                    per-user ACL (mode 0600): the cloud identities read and write strata/{fleet}/#; each
-                           node reads the fleet's announcement, policies and control, and writes only its own
-                           status, telemetry and experience topics
+                           node reads the fleet's announcement, policies and control and its own receipts, and
+                           writes only its own status, telemetry and experience topics; with ``learner``, the
+                           learner's users (its policy publisher ``{learner}`` and its ingesters
+                           ``{learner}-ingest-{k}``, one password) read every node's experience and write receipts
+                           and policies, exactly the learner rows of ``device._mqtt_access`` and nothing else
     mosquitto.conf         a listener config that uses both (password required, client id bound to the
                            username, Nagle off, persistence on)
     credentials/USER.password   one generated password per user (mode 0600), for ``--password-file``
@@ -41,7 +44,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from device import write_atomic
+from device import mqtt_topic, write_atomic
+from device._mqtt_access import MQTT_ACCESS
 from device._names import HOST_FORM, is_host, shown
 from edge._errors import EdgeConfigError
 from edge._topics import FleetTopics, check_segment
@@ -73,7 +77,23 @@ def _cloud_users(cloud_user: str | Sequence[str]) -> list[str]:
     return [cloud_user] if isinstance(cloud_user, str) else list(cloud_user)
 
 
-def acl_text(fleet: str, nodes: Sequence[str], cloud_user: str | Sequence[str], devices: Sequence[str] = ()) -> str:
+def learner_users(learner: str, ingesters: int) -> list[str]:
+    """The learner's broker users: its publisher and one per ingester (Mosquitto binds a client id to a user)."""
+    return [learner, *(f"{learner}-ingest-{k}" for k in range(ingesters))]
+
+
+def learner_acl(fleet: str) -> list[str]:
+    """ACL lines of a learner user, from the learner rows of the MQTT access table (free segments are ``+``)."""
+    lines = []
+    for access in MQTT_ACCESS:
+        if access.role == "learner":
+            topic = mqtt_topic(fleet, access.topic, node="+", policy="+", index="+", device="+")
+            lines.append(f"topic {'read' if access.op == 'subscribe' else 'write'} {topic}")
+    return lines
+
+
+def acl_text(fleet: str, nodes: Sequence[str], cloud_user: str | Sequence[str], devices: Sequence[str] = (),
+             learners: Sequence[str] = ()) -> str:
     """The ACL file body (see the module docstring)."""
     t = FleetTopics(fleet)
     lines = ["# strata fleet ACL: written by `strata broker config`; edit with care.", ""]
@@ -83,11 +103,15 @@ def acl_text(fleet: str, nodes: Sequence[str], cloud_user: str | Sequence[str], 
     for node in nodes:
         lines += [f"# node {node}: reads policies and control, writes only its own topics", f"user {node}",
                   f"topic read {t.announce}", f"topic read {t.control}", f"topic read {t.root}/policies/#",
-                  f"topic read {t.node(node, 'control')}", f"topic write {t.node(node, 'status')}",
+                  f"topic read {t.node(node, 'control')}", f"topic read {t.node(node, 'receipt')}",
+                  f"topic write {t.node(node, 'status')}",
                   f"topic write {t.node(node, 'telemetry')}", f"topic write {t.node(node, 'experience')}"]
         if devices:
             lines += _gateway_acl(fleet, node)
         lines.append("")
+    for user in learners:
+        lines += [f"# learner {user}: reads every node's experience (shared subscription), writes receipts and "
+                  "policies", f"user {user}", *learner_acl(fleet), ""]
     for device in devices:
         lines += [f"# device {device}: reads device bundles, sends its own escalations, reads its own replies",
                   f"user {device}", f"topic read {t.root}/edges/+/device-policy",
@@ -107,7 +131,7 @@ def _gateway_acl(fleet: str, node: str) -> list[str]:
 
 def write_broker_config(out: Path, *, fleet: str, nodes: Sequence[str], cloud_user: str | Sequence[str] = "cloud",
                         port: int = 1883, bind: str = "127.0.0.1", use_binary: bool = True,
-                        devices: Sequence[str] = ()) -> BrokerFiles:
+                        devices: Sequence[str] = (), learner: str | None = None, ingesters: int = 1) -> BrokerFiles:
     """Write passwd, acl, mosquitto.conf and generated credentials for `fleet` into `out`.
 
     Args:
@@ -122,12 +146,19 @@ def write_broker_config(out: Path, *, fleet: str, nodes: Sequence[str], cloud_us
         use_binary: Hash with ``mosquitto_passwd`` when it is installed.
         devices: Terminal device ids; each becomes a broker user, and each node's user gets its device
             gateway's topics (see the module docstring).
+        learner: The learner's user name for an ``edge``-mode run (`learner_users`); its users share one password,
+            in ``credentials/{learner}.password``.
+        ingesters: How many ingesters the learner runs (``--edge-ingesters``).
     """
     check_segment(fleet, "fleet")
     clouds = _cloud_users(cloud_user)
     users = [*(check_segment(u, "cloud user") for u in clouds), *(check_segment(n, "node id") for n in nodes)]
     if devices:
         users += [check_segment(d, "device id") for d in devices]
+    if learner is not None:
+        if not 1 <= ingesters <= 64:
+            raise EdgeConfigError(f"strata broker config: --ingesters {ingesters} must lie in 1..64")
+        users += [check_segment(u, "learner user") for u in learner_users(learner, ingesters)]
     if not nodes or not clouds or len(set(users)) != len(users):
         raise EdgeConfigError(f"strata broker config: need at least one node and distinct user names, got "
                               f"nodes={list(nodes)}, cloud user {cloud_user!r} and devices {list(devices)}")
@@ -138,20 +169,25 @@ def write_broker_config(out: Path, *, fleet: str, nodes: Sequence[str], cloud_us
                               "every interface")
     try:
         return _write(Path(out), fleet=fleet, nodes=nodes, cloud_user=cloud_user, users=users, port=port, bind=bind,
-                      use_binary=use_binary, devices=devices)
+                      use_binary=use_binary, devices=devices,
+                      learners=learner_users(learner, ingesters) if learner is not None else [])
     except OSError as exc:
         raise EdgeConfigError(f"strata broker config: cannot write into {str(out)!r}: {exc.strerror or exc} "
                               f"({exc.filename or out}); pass a writable --out folder") from None
 
 
 def _write(out: Path, *, fleet: str, nodes: Sequence[str], cloud_user: str | Sequence[str], users: list[str],
-           port: int, bind: str, use_binary: bool, devices: Sequence[str]) -> BrokerFiles:
+           port: int, bind: str, use_binary: bool, devices: Sequence[str], learners: Sequence[str]) -> BrokerFiles:
     creds_dir = out / "credentials"
     creds_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(creds_dir, 0o700)
     passwords = {u: secrets.token_urlsafe(18) for u in users}
+    for user in learners[1:]:  # one secret for the learner's users: one --edge-password-file
+        passwords[user] = passwords[learners[0]]
     credentials = {}
     for user, password in passwords.items():
+        if user in learners[1:]:
+            continue
         path = creds_dir / f"{user}.password"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -174,7 +210,7 @@ def _write(out: Path, *, fleet: str, nodes: Sequence[str], cloud_user: str | Seq
             raise EdgeConfigError(f"strata broker config: {binary} -U failed: {result.stderr.strip()}")
     os.replace(tmp, passwd)
     acl = out / "acl"
-    write_atomic(acl, acl_text(fleet, nodes, cloud_user, devices).encode(), mode=0o600)
+    write_atomic(acl, acl_text(fleet, nodes, cloud_user, devices, learners).encode(), mode=0o600)
     conf = out / "mosquitto.conf"
     conf.write_text("\n".join([
         "# strata fleet broker: written by `strata broker config`",
@@ -191,6 +227,8 @@ def _write(out: Path, *, fleet: str, nodes: Sequence[str], cloud_user: str | Seq
         "persistence true",
         "# Mosquitto drops silently past 1000 queued messages per client by default",
         "max_queued_messages 100000",
+        "# QoS 1 messages in flight to one client (an experience ingester acknowledges a batch at a time)",
+        "max_inflight_messages 1000",
         "",
     ]))
     return BrokerFiles(passwd=passwd, acl=acl, conf=conf, credentials=credentials,

@@ -76,6 +76,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _config_flags(check, EdgeAgentConfig)
     check.set_defaults(func=_edge_config_check)
 
+    from device import add_config_arguments
+    from edge._ingest import IngestConfig
+
+    ingest = edge_sub.add_parser(
+        "ingest", help="ingest the fleet's experience records into a learner's spool (started by edge-mode runs)",
+        description="Subscribe to strata/FLEET/nodes/+/experience (an MQTT 5 shared subscription, so several "
+        "ingesters split the fleet; the plain filter on a 3.1.1-only broker), validate every record against the "
+        "learner's spaces, store it once in the spool (SQLite), then acknowledge it and send the node a receipt. "
+        "`strata train --modes edge` starts and supervises its own ingesters (--edge-ingesters); runs until "
+        "SIGTERM or Ctrl-C.")
+    add_config_arguments(ingest, IngestConfig)
+    ingest.add_argument("--log-level", default="WARNING", help="logging level (default: %(default)s)")
+    ingest.set_defaults(func=_edge_ingest)
+
     install = edge_sub.add_parser(
         "install", help="install a node's kit as a hardened systemd service",
         description="Place the kit's config and credentials under /etc/strata/NODE/ (0600), state under "
@@ -124,6 +138,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         help="comma-separated terminal device ids: each becomes a broker user that reads device "
                         "bundles and sends its own escalations; each node's user then also may relay device "
                         "bundles and answer its devices' escalations (its gateway)")
+    config.add_argument("--learner", default=None, metavar="USER",
+                        help="also make the users of an edge-mode learner: USER (its policy publisher) and "
+                        "USER-ingest-K for each ingester, one password in credentials/USER.password; they read "
+                        "every node's experience and write receipts and policies (strata train --edge-username USER "
+                        "--edge-password-file credentials/USER.password)")
+    config.add_argument("--ingesters", type=int, default=1, metavar="N",
+                        help="with --learner: the learner's ingesters (--edge-ingesters; default: %(default)s)")
     config.add_argument("--port", type=int, default=1883, help="listener port in mosquitto.conf (default: %(default)s)")
     config.add_argument("--bind", default="127.0.0.1",
                         help="listener address in mosquitto.conf; 0.0.0.0 serves other hosts (default: %(default)s)")
@@ -288,6 +309,34 @@ def _edge_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _edge_ingest(args: argparse.Namespace) -> int:
+    import dataclasses
+    import threading
+
+    from device import config_from_args
+    from edge._agent import read_password_file
+    from edge._errors import EdgeConfigError
+    from edge._ingest import IngestConfig, run_ingester
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    missing = [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(IngestConfig)
+               if f.default is dataclasses.MISSING and getattr(args, f.name, None) is None]
+    if missing:
+        raise EdgeConfigError(f"strata edge ingest: {', '.join(missing)} required")
+    config = config_from_args(IngestConfig, args)
+    password = read_password_file(config.password_file) if config.password_file else None
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    try:
+        counters = run_ingester(config, password=password, stop=stop, on_ready=lambda ingester: print(
+            f"strata edge ingest: {config.name} ingesting {config.fleet} into {config.spool}", flush=True))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print(f"strata edge ingest: {config.name}: {counters.received} received, {counters.stored} stored, "
+          f"{counters.duplicates} duplicates, {counters.refused} refused")
+    return 0
+
+
 def _fleet(args: argparse.Namespace) -> int:
     from edge._errors import EdgeConfigError
     from edge._fleet import FleetMonitor, format_fleet_table
@@ -340,7 +389,8 @@ def _broker_config(args: argparse.Namespace) -> int:
                                     taken=(KIT_CONFIG, "password"))
     files = write_broker_config(args.out, fleet=args.fleet, nodes=nodes,
                                 cloud_user=[u for u in args.cloud_user.split(",") if u], port=args.port,
-                                bind=args.bind, devices=[d for d in args.devices.split(",") if d])
+                                bind=args.bind, devices=[d for d in args.devices.split(",") if d],
+                                learner=args.learner, ingesters=args.ingesters)
     print(f"wrote {files.passwd} (hashed with {files.hashed_with}), {files.acl}, {files.conf}")
     print(f"passwords (mode 0600) in {args.out / 'credentials'}/: pass one with --username USER "
           "--password-file FILE")

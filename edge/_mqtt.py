@@ -5,9 +5,11 @@ persistent session (``clean_session=False``), so QoS 1 messages queued by the br
 arrive after it reconnects; subscriptions made again in ``on_connect``; TCP_NODELAY on the client socket the
 moment it opens (MEASURED.md: with Nagle on, a QoS 1 round trip takes ~88 ms instead of ~0.2 ms); reconnects
 with jittered exponential backoff on its own thread, with an injectable ``sleep`` and ``clock``; bounded paho
-queues; MQTT 5 for clean-session clients that need to know when the broker refuses a publish (a PUBACK
-reason code), with a fallback to 3.1.1;
-TLS client certificates (AWS IoT Core) and username/password (Mosquitto).
+queues; MQTT 5 for clients that need to know when the broker refuses a publish (a PUBACK reason code) or that
+share a subscription (the learner's experience ingesters: ``$share/{group}/...``, with a persistent session kept
+``session_expiry_s``), with a fallback to 3.1.1; manual acknowledgement of received QoS 1 messages (a consumer that
+acknowledges only once it has stored a message, so a crash before that brings it again); TLS client certificates
+(AWS IoT Core) and username/password (Mosquitto).
 
 Link conditions are states, not exceptions: `publish` returns a `PublishResult` whose state says whether the
 message is on its way, held for the reconnect, or refused because the queue is full; `state` says whether the
@@ -43,6 +45,9 @@ UNSUPPORTED_PROTOCOL_VERSION = 132
 
 MessageHandler = Callable[[str, bytes, bool], None]
 """``handler(topic, payload, retained)``; runs on the link's thread, so it must be quick."""
+DeliveryHandler = Callable[[str, bytes, int], None]
+"""``handler(topic, payload, mid)`` of a link with ``manual_ack``: the message stays unacknowledged (the broker
+sends it again after a reconnect) until the owner calls ``MqttLink.ack(mid)``; runs on the link's thread."""
 
 
 class LinkState(enum.Enum):
@@ -116,8 +121,13 @@ class LinkConfig:
     broker at the same instant does not come back at the same instant (no thundering herd). 0: exact delays."""
     protocol: Literal["3.1.1", "5", "auto"] = "3.1.1"
     """MQTT version. ``"5"`` gives every PUBACK a reason code (a publish the broker refuses is reported to
-    ``on_refused``); ``"auto"`` speaks 5 and falls back to 3.1.1 on a broker that refuses it (amqtt). MQTT 5 links
-    need ``clean_session=True`` (publishers, monitors); nodes' persistent sessions stay on 3.1.1."""
+    ``on_refused``) and shared subscriptions; ``"auto"`` speaks 5 and falls back to 3.1.1 on a broker that refuses
+    it (amqtt). Nodes' persistent sessions stay on 3.1.1, the required path."""
+    session_expiry_s: int = 3600
+    """MQTT 5 with ``clean_session=False``: seconds the broker keeps the session (and queues QoS 1 messages for it)
+    after a disconnect (AWS IoT Core's default maximum is one hour)."""
+    manual_ack: bool = False
+    """Acknowledge received QoS 1 messages only when the owner calls `MqttLink.ack` (``on_delivery`` handler)."""
     max_inflight: int = 100
     """QoS 1 messages awaiting PUBACK at once."""
     max_queued: int = 1000
@@ -208,18 +218,21 @@ class MqttLink:
                  on_ack: Callable[[int], None] | None = None, on_connect: Callable[[], None] | None = None,
                  will: tuple[str, bytes] | None = None, sleep: Callable[[float], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 on_refused: Callable[[int, str], None] | None = None) -> None:
+                 on_refused: Callable[[int, str], None] | None = None,
+                 on_delivery: DeliveryHandler | None = None) -> None:
         mqtt = require("paho.mqtt.client", extra="edge", purpose="the MQTT link")
         self.config = config
         self.address = parse_broker_url(config.broker)
         if config.protocol not in ("3.1.1", "5", "auto"):
             raise EdgeConfigError(f"LinkConfig.protocol {config.protocol!r} is not one of '3.1.1', '5', 'auto'")
-        if config.protocol != "3.1.1" and not config.clean_session:
-            raise EdgeConfigError(f"LinkConfig: protocol {config.protocol!r} needs clean_session=True; persistent "
-                                  "sessions use MQTT 3.1.1")
+        if config.session_expiry_s < 0:
+            raise EdgeConfigError(f"LinkConfig.session_expiry_s {config.session_expiry_s} must be >= 0")
         if not 0.0 <= config.reconnect_jitter <= 1.0:
             raise EdgeConfigError(f"LinkConfig.reconnect_jitter {config.reconnect_jitter} must be within 0..1")
+        if config.manual_ack and on_delivery is None:
+            raise EdgeConfigError("LinkConfig.manual_ack needs an on_delivery handler that acknowledges messages")
         self._on_message = on_message
+        self._on_delivery = on_delivery
         self._on_ack = on_ack
         self._on_refused = on_refused
         self._rng = random.Random()
@@ -250,6 +263,7 @@ class MqttLink:
             check_publish_topic(will[0])
         self._will = will
         self._fall_back = False
+        self._connect_sent = 0.0  # clock() of the latest CONNECT
         self._tls = self.address.tls or bool(config.ca_file or config.cert_file)
         self._client = self._build_client()
 
@@ -261,6 +275,8 @@ class MqttLink:
         else:
             client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=config.client_id,
                                  clean_session=config.clean_session, protocol=mqtt.MQTTv311)
+        if config.manual_ack:
+            client.manual_ack_set(True)
         client.max_inflight_messages_set(config.max_inflight)
         client.max_queued_messages_set(config.max_queued)
         username = config.username or self.address.username
@@ -359,10 +375,12 @@ class MqttLink:
                     return
                 if self._state is LinkState.NEW:  # later attempts keep reporting why the last one failed
                     self._state = LinkState.CONNECTING
+                self._connect_sent = self._clock()
                 try:
                     if first and self.protocol == "5":
                         self._client.connect(self.address.host, self.address.port, self.config.keepalive_s,
-                                             clean_start=True)
+                                             clean_start=self.config.clean_session,
+                                             properties=self._connect_properties())
                     elif first:
                         self._client.connect(self.address.host, self.address.port, self.config.keepalive_s)
                     else:
@@ -395,6 +413,13 @@ class MqttLink:
                 self._fall_back, self.protocol, first = False, "3.1.1", True
                 self._client = self._build_client()
                 continue
+            unanswered_s = self._clock() - self._connect_sent
+            if (not self._answered and self.protocol == "5" and self.config.protocol == "auto" and self.connects == 0
+                    and not self.config.cert_file and unanswered_s > self.config.connect_timeout_s):
+                # A 3.1.1-only broker that cannot parse an MQTT 5 CONNECT with properties (amqtt, given a persistent
+                # session's expiry) never answers it: speak 3.1.1 to it, as to one that answers reason 132.
+                self._fall_back = True
+                continue
             if rc != self._mqtt.MQTT_ERR_SUCCESS and not self._stop.is_set():
                 if not self._answered:
                     # The broker took the connection and closed it before any CONNACK: under TLS 1.3 a broker that
@@ -414,6 +439,17 @@ class MqttLink:
                 delay = min(delay * 2, self.config.reconnect_max_s)
             elif self._connected.is_set():
                 delay = self.config.reconnect_min_s
+
+    def _connect_properties(self) -> Any:
+        """MQTT 5 CONNECT properties: the session expiry of a persistent session (None for a clean one)."""
+        if self.config.clean_session:
+            return None
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        properties.SessionExpiryInterval = self.config.session_expiry_s
+        return properties
 
     def _backoff(self, delay: float) -> None:
         delay *= 1.0 - self.config.reconnect_jitter * self._rng.random()
@@ -459,6 +495,12 @@ class MqttLink:
             self._state = LinkState.DISCONNECTED
 
     def _handle_message(self, client: Any, userdata: Any, message: Any) -> None:
+        if self._on_delivery is not None:
+            try:
+                self._on_delivery(message.topic, bytes(message.payload), int(message.mid))
+            except Exception:  # a handler bug must not kill the network thread; the message stays unacknowledged
+                log.exception("%s: delivery handler failed on %s", self.config.client_id, message.topic)
+            return
         if self._on_message is not None:
             try:
                 self._on_message(message.topic, bytes(message.payload), bool(message.retain))
@@ -476,6 +518,16 @@ class MqttLink:
             self._on_ack(mid)
 
     # ------------------------------------------------------------------------------------------ operations
+
+    def ack(self, mid: int) -> None:
+        """Acknowledge the received QoS 1 message `mid` (links with ``manual_ack``).
+
+        While disconnected nothing is sent; the broker then delivers the message again after the reconnect, under
+        the same packet id (MQTT keeps an unacknowledged packet id in use), and the owner acknowledges it again.
+        A message delivered at QoS 0 (mid 0: a broker that downgraded the subscription) has nothing to acknowledge.
+        """
+        if mid:
+            self._client.ack(mid, QOS)
 
     def set_will(self, topic: str, payload: bytes) -> None:
         """Replace the last will (retained, QoS 1); it takes effect from the next connect."""

@@ -8,6 +8,12 @@ or a broker outage loses nothing: after a restart every record still on disk is 
 the one way a record can arrive twice, when the process died between the broker's PUBACK and the delete;
 receivers drop repeats by ``(node, record_id)``.)
 
+End-to-end receipts: a record `put` with ``receipt=True`` (experience for the learner) is not deleted at its PUBACK
+but when its consumer says it has stored it (`confirm`, fed by the learner's `edge._topics.Receipt`): a broker
+that crashes after acknowledging a message and before delivering it (Mosquitto persists to disk only now and
+then), or drops it from a full queue, cannot lose it. A record whose receipt has not come `receipt_timeout_s` after
+its PUBACK is sent again, the wait doubling with every attempt up to `receipt_max_s`; the consumer drops repeats.
+
 Capacity and overflow: at most `OutboxConfig.max_records` records and `max_bytes` payload bytes. When a new
 record does not fit, ``overflow="drop_oldest"`` (default) deletes the oldest records not in flight to make
 room, and ``"drop_newest"`` refuses the new record; either way the drop is counted in ``dropped``, which is
@@ -21,7 +27,7 @@ import collections
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -37,6 +43,7 @@ CREATE TABLE IF NOT EXISTS records (
     created REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS receipts (id INTEGER PRIMARY KEY);
 INSERT OR IGNORE INTO counters VALUES ('dropped', 0);
 """
 
@@ -55,11 +62,19 @@ class OutboxConfig:
     """Records published and awaiting PUBACK at once."""
     synchronous_full: bool = False
     """fsync every commit (survives power loss, slower); the default survives process crashes."""
+    receipt_timeout_s: float = 10.0
+    """Seconds after its PUBACK that a record put with ``receipt=True`` waits for its receipt before it is sent
+    again (the wait doubles with every attempt)."""
+    receipt_max_s: float = 300.0
+    """Longest wait for a receipt between two sends of one record."""
 
     def __post_init__(self) -> None:
         if self.max_records < 1 or self.max_bytes < 1 or self.max_in_flight < 1:
             raise EdgeConfigError(f"OutboxConfig: max_records={self.max_records}, max_bytes={self.max_bytes} and "
                                   f"max_in_flight={self.max_in_flight} must all be >= 1")
+        if not 0 < self.receipt_timeout_s <= self.receipt_max_s:
+            raise EdgeConfigError(f"OutboxConfig: receipt_timeout_s={self.receipt_timeout_s} must be > 0 and at most "
+                                  f"receipt_max_s={self.receipt_max_s}")
         if self.overflow not in ("drop_oldest", "drop_newest"):
             raise EdgeConfigError(f"OutboxConfig: overflow={self.overflow!r}; use 'drop_oldest' or 'drop_newest'")
 
@@ -85,6 +100,10 @@ class OutboxStats:
     in_flight: int
     dropped: int
     bytes: int
+    awaiting_receipt: int = 0
+    """Records acknowledged by the broker and waiting for their consumer's receipt (part of `pending`)."""
+    resent: int = 0
+    """Sends of records whose receipt did not come in time (since this process opened the outbox)."""
 
 
 class Outbox:
@@ -118,6 +137,15 @@ class Outbox:
         self._count, self._bytes = int(count), int(size)
         self._sent_ids: set[int] = set()
         self._acks: collections.deque[int] = collections.deque()
+        # Receipts: records that wait for one (ids), those acknowledged by the broker and waiting (id -> (time of
+        # the PUBACK, attempts)), and receipts that came in on the link thread, applied at the next call.
+        self._needs_receipt: set[int] = {int(r) for (r,) in self._db.execute("SELECT id FROM receipts")}
+        self._awaiting: dict[int, float] = {}
+        self._attempts: dict[int, int] = {}  # record id -> sends acknowledged by the broker so far
+        self._confirmed: collections.deque[int] = collections.deque()
+        self._early: set[int] = set()  # confirmed while sent again and in flight: deleted at that PUBACK
+        self._resent = 0
+        self._scan_from = 0  # every record below this id is sent (see `pump`)
 
     def close(self) -> None:
         """Close the database (records stay on disk)."""
@@ -125,8 +153,11 @@ class Outbox:
             self._apply_acks()
             self._db.close()
 
-    def put(self, topic: str, build: Callable[[int], bytes]) -> int | None:
-        """Store a record whose payload is ``build(record_id)``; return its id, or None if refused (full)."""
+    def put(self, topic: str, build: Callable[[int], bytes], *, receipt: bool = False) -> int | None:
+        """Store a record whose payload is ``build(record_id)``; return its id, or None if refused (full).
+
+        With `receipt`, the record stays after its PUBACK until `confirm` names it (see the module docstring).
+        """
         with self._lock:
             self._apply_acks()
             self._db.execute("BEGIN IMMEDIATE")
@@ -143,12 +174,16 @@ class Outbox:
                 record_id = int(cur.lastrowid or 0)
                 payload = build(record_id)
                 self._db.execute("UPDATE records SET payload = ? WHERE id = ?", (payload, record_id))
+                if receipt:
+                    self._db.execute("INSERT INTO receipts (id) VALUES (?)", (record_id,))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 self._count, self._bytes = self._recount()
                 raise
             self._count, self._bytes = count + 1, size + len(payload)
+            if receipt:
+                self._needs_receipt.add(record_id)
             return record_id
 
     def _recount(self) -> tuple[int, int]:
@@ -167,6 +202,8 @@ class Outbox:
             victims.append(record_id)
             size -= nbytes
         self._db.executemany("DELETE FROM records WHERE id = ?", [(v,) for v in victims])
+        self._forget_receipts(victims)
+        self._sent_ids.difference_update(victims)
         self._count_drops(len(victims))
         return count - len(victims), size
 
@@ -179,26 +216,34 @@ class Outbox:
             return 0
         with self._lock:
             self._apply_acks()
-            room = self.config.max_in_flight - len(self._in_flight)
-            if room <= 0:
+            self._resend_overdue()
+            room = min(self.config.max_in_flight - len(self._in_flight), limit)
+            if room <= 0 or self._count <= len(self._sent_ids):  # nothing unsent (a backlog may await receipts)
                 return 0
-            busy = tuple(self._sent_ids)
-            rows = self._db.execute(
-                "SELECT id, topic, payload FROM records ORDER BY id LIMIT ?", (min(room, limit) + len(busy),)
-            ).fetchall()
-            sent = 0
-            for record_id, topic, payload in rows:
+            # Every record below `_scan_from` is sent (in flight or awaiting its receipt): a backlog of records
+            # awaiting receipts is not walked again on every pump. The cursor is lazy; payloads are read only
+            # for the records picked.
+            picked: list[tuple[int, str]] = []
+            for record_id, topic in self._db.execute("SELECT id, topic FROM records WHERE id >= ? ORDER BY id",
+                                                     (self._scan_from,)):
                 if record_id in self._sent_ids:
                     continue
-                if sent >= min(room, limit):
+                picked.append((record_id, topic))
+                if len(picked) >= room:
                     break
+            sent = 0
+            for record_id, topic in picked:
+                (payload,) = self._db.execute("SELECT payload FROM records WHERE id = ?", (record_id,)).fetchone()
                 result = link.publish(topic, bytes(payload))
                 if not result.accepted:
-                    break
+                    self._scan_from = record_id
+                    return sent
                 self._in_flight[result.mid] = record_id
                 self._sizes[record_id] = len(payload)
                 self._sent_ids.add(record_id)
                 sent += 1
+            if picked:
+                self._scan_from = picked[-1][0] + 1
             return sent
 
     def ack(self, mid: int) -> None:
@@ -209,14 +254,68 @@ class Outbox:
         """
         self._acks.append(mid)
 
+    def confirm(self, record_ids: Iterable[int]) -> None:
+        """The consumer stored these records (a receipt): they are deleted at the next outbox call.
+
+        Runs on the link thread, like `ack`, so the ids are queued.
+        """
+        self._confirmed.extend(int(r) for r in record_ids)
+
     def _apply_acks(self) -> None:
         while self._acks:
             record_id = self._in_flight.pop(self._acks.popleft(), None)
-            if record_id is not None:
+            if record_id is None:
+                continue
+            if record_id in self._needs_receipt and record_id not in self._early:
+                # Acknowledged by the broker, not yet stored by the consumer: wait for the receipt, unsent.
+                self._attempts[record_id] = self._attempts.get(record_id, 0) + 1
+                self._awaiting[record_id] = self._clock()
+                continue
+            self._forget_receipts([record_id])
+            self._sent_ids.discard(record_id)
+            self._delete(record_id)
+        if self._confirmed:
+            in_flight = set(self._in_flight.values())
+            while self._confirmed:
+                record_id = self._confirmed.popleft()
+                if record_id not in self._needs_receipt:
+                    continue  # unknown here, or confirmed already
+                if record_id in in_flight:  # sent again meanwhile: deleted at that PUBACK
+                    self._early.add(record_id)
+                    continue
+                self._forget_receipts([record_id])
                 self._sent_ids.discard(record_id)
-                if self._db.execute("DELETE FROM records WHERE id = ?", (record_id,)).rowcount:
-                    self._count -= 1
-                    self._bytes -= self._sizes.pop(record_id, 0)
+                self._delete(record_id)
+
+    def _delete(self, record_id: int) -> None:
+        if self._db.execute("DELETE FROM records WHERE id = ?", (record_id,)).rowcount:
+            self._count -= 1
+            self._bytes -= self._sizes.pop(record_id, 0)
+
+    def _forget_receipts(self, record_ids: list[int]) -> None:
+        gone = [r for r in record_ids if r in self._needs_receipt]
+        if gone:
+            self._db.executemany("DELETE FROM receipts WHERE id = ?", [(r,) for r in gone])
+            for r in gone:
+                self._needs_receipt.discard(r)
+                self._awaiting.pop(r, None)
+                self._attempts.pop(r, None)
+                self._early.discard(r)
+
+    def _resend_overdue(self) -> None:
+        """Records whose receipt is overdue become sendable again (the wait doubles with every attempt)."""
+        if not self._awaiting:
+            return
+        now = self._clock()
+        cfg = self.config
+        for record_id, acked_at in list(self._awaiting.items()):
+            attempts = self._attempts.get(record_id, 1)
+            wait = min(cfg.receipt_timeout_s * 2 ** min(attempts - 1, 30), cfg.receipt_max_s)
+            if now - acked_at >= wait:
+                del self._awaiting[record_id]
+                self._sent_ids.discard(record_id)
+                self._scan_from = min(self._scan_from, record_id)
+                self._resent += 1
 
     def stats(self) -> OutboxStats:
         """Pending, in-flight and dropped counts and the bytes held."""
@@ -225,4 +324,4 @@ class Outbox:
             count, size = self._count, self._bytes
             (dropped,) = self._db.execute("SELECT value FROM counters WHERE name = 'dropped'").fetchone()
             return OutboxStats(pending=int(count), in_flight=len(self._in_flight), dropped=int(dropped),
-                               bytes=int(size))
+                               bytes=int(size), awaiting_receipt=len(self._awaiting), resent=self._resent)

@@ -39,6 +39,9 @@ class OnnxPolicy:
         self.output_name = bundle.manifest.output_names[0]
         self._outputs = [self.output_name]
         self.discrete = bundle.manifest.action_space.get("type") == "Discrete"
+        names = {o.name for o in self.session.get_outputs()}
+        self._logits = "logits" in names and self.discrete
+        self._bounds: tuple[np.ndarray, np.ndarray] | None = None
 
     def run(self, obs_batch: np.ndarray) -> np.ndarray:
         """Raw graph output ``action`` for a batch of observations."""
@@ -49,6 +52,22 @@ class OnnxPolicy:
         """The env action for one observation: an int for Discrete, a float32 array for Box."""
         out = self.session.run(self._outputs, {self.input_name: obs.reshape(1, *obs.shape)})[0]
         return int(out[0]) if self.discrete else out[0]
+
+    def logits(self, obs: np.ndarray) -> np.ndarray | None:
+        """The ``logits`` output for one observation (Discrete bundles that have it), else None."""
+        if not self._logits:
+            return None
+        out: np.ndarray = self.session.run(["logits"], {self.input_name: obs.reshape(1, *obs.shape)})[0]
+        return np.asarray(out[0])
+
+    @property
+    def action_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(low, high)`` of a Box action space (float64, shaped like an action)."""
+        if self._bounds is None:
+            from device import space_bounds
+
+            self._bounds = space_bounds(self.bundle.manifest.action_space)
+        return self._bounds
 
 
 @dataclass(frozen=True, kw_only=True)

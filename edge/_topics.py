@@ -9,6 +9,7 @@ Topics (all under ``strata/{fleet}/``; QoS 1 everywhere; MQTT 3.1.1 features onl
     nodes/{node}/status                   retained JSON `NodeStatus`; also the node's last will (``online: false``)
     nodes/{node}/telemetry                JSON `Telemetry`, one record of the node's outbox (``record_id``)
     nodes/{node}/experience               raw-buffer `Experience`, one outbox record of edge-collected transitions
+    nodes/{node}/receipt                  JSON `Receipt`: the learner stored these experience records
     nodes/{node}/control                  JSON `Control` for one node
     control                               JSON `Control` for the whole fleet
 
@@ -59,10 +60,11 @@ MAX_INT = 2**63 - 1
 """Integers in payloads are 64-bit: a bigger one is refused (float() of a 400-digit integer overflows)."""
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-NodeTopicKind = Literal["status", "telemetry", "experience", "control"]
-_NODE_KINDS: tuple[NodeTopicKind, ...] = ("status", "telemetry", "experience", "control")
+NodeTopicKind = Literal["status", "telemetry", "experience", "receipt", "control"]
+_NODE_KINDS: tuple[NodeTopicKind, ...] = ("status", "telemetry", "experience", "receipt", "control")
 _NODE_TOPICS: dict[NodeTopicKind, MqttTopicName] = {"status": "node_status", "telemetry": "node_telemetry",
-                                                 "experience": "node_experience", "control": "node_control"}
+                                                 "experience": "node_experience", "receipt": "node_receipt",
+                                                 "control": "node_control"}
 ControlCommand = Literal["status", "resync"]
 CONTROL_COMMANDS: tuple[ControlCommand, ...] = ("status", "resync")
 
@@ -113,7 +115,7 @@ class FleetTopics:
         return mqtt_topic(self.fleet, "policy_chunk", policy=check_segment(policy, "policy"), index=index)
 
     def node(self, node: str, kind: NodeTopicKind) -> str:
-        """``nodes/{node}/{kind}`` for kind in status, telemetry, experience, control."""
+        """``nodes/{node}/{kind}`` for kind in status, telemetry, experience, receipt, control."""
         if kind not in _NODE_KINDS:
             raise EdgeConfigError(f"node topic kind {kind!r} is not one of {list(_NODE_KINDS)}")
         return mqtt_topic(self.fleet, _NODE_TOPICS[kind], node=check_segment(node, "node id"))
@@ -495,41 +497,229 @@ class Telemetry:
                    outbox_dropped=_field(topic, obj, "outbox_dropped", int, optional=True) or 0)
 
 
+EXPERIENCE_ARRAYS = ("obs", "actions", "rewards", "terminations", "truncations", "next_obs", "policy_version")
+"""Arrays every experience record carries (time-major ``[T, N, ...]``; ``next_obs`` is ``[N, ...]``)."""
+EXPERIENCE_OPTIONAL = ("final_rows", "final_obs", "behaviour_logprobs", "episode_return", "episode_length")
+"""Arrays a record may carry: the real last observations of the episodes that ended (``final_obs[D, ...]`` at the
+flat step indices ``final_rows[D]``, ``t * N + n``: sparse, because most steps have none), the behaviour
+policy's log-prob of each action, and where an episode ended its return and length (else 0)."""
+MAX_RECORD_ENVS = 64
+"""Env streams one experience record may carry."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExperienceSpec:
+    """What the learner accepts: its spaces (manifest JSON form) and the largest record it takes."""
+
+    observation_space: dict[str, Any]
+    action_space: dict[str, Any]
+    max_steps: int = 4096
+    """Steps per env stream in one record at most."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Experience:
-    """One outbox record of edge-collected transitions for the learner: a `device.RolloutBatch` plus ids."""
+    """One outbox record of edge-collected transitions for the learner: a `device.RolloutBatch` plus ids.
+
+    The transitions' ids are not sent: a decoded record's batch is named ``source = edge:{node}:{record_id}``,
+    ``worker = 0..N-1``, ``seq = 0..T-1``, so every transition of a fleet has an id that no node can forge or repeat
+    (record ids only grow, see `edge._outbox`). The batch's own source, worker and seq are ignored by `encode`.
+
+    Args:
+        record_id: The node's outbox record id (>= 1).
+        node: The node that collected it.
+        batch: The transitions; ``behaviour_logprobs`` when the node sampled its actions.
+        episode_return: ``[T, N]`` float32: where an episode ended, its return (undiscounted), else 0.
+        episode_length: ``[T, N]`` int64: where an episode ended, its length in steps, else 0.
+    """
 
     record_id: int
     node: str
     batch: RolloutBatch
+    episode_return: np.ndarray | None = None
+    episode_length: np.ndarray | None = None
 
     def encode(self) -> bytes:
         """Raw-buffer payload: the batch's arrays, with node and record id in the meta."""
         b = self.batch
-        arrays = {name: getattr(b, name) for name in ("obs", "actions", "rewards", "terminations", "truncations",
-                                                       "final_obs", "next_obs", "policy_version", "worker", "seq")}
-        data = pack_arrays({"kind": "experience", "record_id": self.record_id, "node": self.node,
-                            "source": b.source}, arrays)
+        arrays = {name: getattr(b, name) for name in EXPERIENCE_ARRAYS}
+        done = np.logical_or(b.terminations, b.truncations).reshape(-1)
+        rows = np.flatnonzero(done).astype(np.int64)
+        if rows.size:
+            arrays["final_rows"] = rows
+            arrays["final_obs"] = b.final_obs.reshape(-1, *b.final_obs.shape[2:])[rows]
+        if b.behaviour_logprobs is not None:
+            arrays["behaviour_logprobs"] = b.behaviour_logprobs
+        if self.episode_return is not None:
+            arrays["episode_return"] = self.episode_return
+        if self.episode_length is not None:
+            arrays["episode_length"] = self.episode_length
+        data = pack_arrays({"kind": "experience", "record_id": self.record_id, "node": self.node}, arrays)
         if len(data) > AWS_MAX_PAYLOAD:
             raise EdgeConfigError(f"Experience.encode: {len(data)} bytes exceeds {AWS_MAX_PAYLOAD}; "
                                   "collect fewer steps per record")
         return data
 
+    @property
+    def source(self) -> str:
+        """``edge:{node}:{record_id}``, the source of the record's transitions."""
+        return f"edge:{self.node}:{self.record_id}"
+
     @classmethod
-    def decode(cls, topic: str, payload: bytes) -> Experience:
-        """Parse and validate; raise `PayloadError`."""
+    def decode(cls, topic: str, payload: bytes, *, spec: ExperienceSpec | None = None,
+               node: str | None = None) -> Experience:
+        """Parse and validate; raise `PayloadError`.
+
+        Args:
+            topic: Where it came from (for messages).
+            payload: The message.
+            spec: The learner's spaces and limits: when given, every array must fit them (shapes, dtypes, finite
+                numbers, actions inside the action space, behaviour log-probs of a probability).
+            node: The node the topic (and so the broker's ACL or the IoT policy) says sent it: the record must name
+                the same node.
+        """
+        if len(payload) > AWS_MAX_PAYLOAD:
+            raise PayloadError(topic, f"experience of {len(payload)} bytes exceeds {AWS_MAX_PAYLOAD}")
         try:
             meta, arrays = unpack_arrays(payload)
         except WireError as exc:
             raise PayloadError(topic, f"experience is not a raw-buffer message: {exc}") from None
         if meta.get("kind") != "experience":
             raise PayloadError(topic, f"expected kind 'experience', got {meta.get('kind')!r}")
+        record_id = _field(topic, meta, "record_id", int)
+        sender = _field(topic, meta, "node", str)
+        if record_id < 1:
+            raise PayloadError(topic, f"record_id {record_id} must be >= 1")
+        if not is_identifier(sender):
+            raise PayloadError(topic, f"node {shown(sender)} is not a valid node id")
+        if node is not None and sender != node:
+            raise PayloadError(topic, f"the record names node {sender!r} but arrived on the topic of node {node!r}; "
+                                      "a node may only send its own experience")
+        unknown = sorted(set(arrays) - set(EXPERIENCE_ARRAYS) - set(EXPERIENCE_OPTIONAL))
+        missing = [name for name in EXPERIENCE_ARRAYS if name not in arrays]
+        if unknown or missing:
+            raise PayloadError(topic, f"experience arrays: missing {missing}, unknown {unknown[:5]}")
+        rewards = arrays["rewards"]
+        if rewards.ndim != 2 or not 1 <= rewards.shape[1] <= MAX_RECORD_ENVS or rewards.shape[0] < 1:
+            raise PayloadError(topic, f"rewards must be [T >= 1, 1 <= N <= {MAX_RECORD_ENVS}], got {rewards.shape}")
+        t, n = rewards.shape
+        obs = arrays["obs"]
+        final_obs = np.zeros_like(obs)
+        if ("final_rows" in arrays) != ("final_obs" in arrays):
+            raise PayloadError(topic, "final_rows and final_obs come together")
+        if "final_rows" in arrays:
+            rows, finals = arrays["final_rows"], arrays["final_obs"]
+            if (rows.dtype.kind not in "iu" or rows.ndim != 1 or finals.shape != (rows.size, *obs.shape[2:])
+                    or finals.dtype != obs.dtype or (rows.size and not (rows.min() >= 0 and rows.max() < t * n))
+                    or np.unique(rows).size != rows.size):
+                raise PayloadError(topic, "final_rows must be distinct step indices below T * N and final_obs one "
+                                          "observation per row")
+            flat = final_obs.reshape(t * n, *obs.shape[2:])
+            flat[rows.astype(np.int64)] = finals
+        optional = {k: arrays[k] for k in ("behaviour_logprobs",) if k in arrays}
         try:
-            batch = RolloutBatch(source=_field(topic, meta, "source", str), **arrays)
+            batch = RolloutBatch(
+                source=f"edge:{sender}:{record_id}", obs=obs, actions=arrays["actions"], rewards=rewards,
+                terminations=arrays["terminations"], truncations=arrays["truncations"], final_obs=final_obs,
+                next_obs=arrays["next_obs"], policy_version=arrays["policy_version"],
+                worker=np.arange(n, dtype=np.int64), seq=np.repeat(np.arange(t, dtype=np.int64)[:, None], n, axis=1),
+                **optional)
         except (TypeError, ValueError) as exc:
             raise PayloadError(topic, f"experience arrays do not form a RolloutBatch: {exc}") from None
-        return cls(record_id=_field(topic, meta, "record_id", int), node=_field(topic, meta, "node", str),
-                   batch=batch)
+        episode_return, episode_length = arrays.get("episode_return"), arrays.get("episode_length")
+        for name, arr in (("episode_return", episode_return), ("episode_length", episode_length)):
+            if arr is not None and arr.shape != (t, n):
+                raise PayloadError(topic, f"{name} must be [T, N] = {(t, n)}, got {arr.shape}")
+        record = cls(record_id=record_id, node=sender, batch=batch, episode_return=episode_return,
+                     episode_length=episode_length)
+        if spec is not None:
+            record.check(topic, spec)
+        return record
+
+    def check(self, topic: str, spec: ExperienceSpec) -> None:
+        """Raise `PayloadError` unless every array fits the learner's `spec` (see `decode`)."""
+        b = self.batch
+        t, n = b.num_steps, b.num_envs
+        if t > spec.max_steps:
+            raise PayloadError(topic, f"a record of {t} steps exceeds the learner's limit of {spec.max_steps}")
+        obs_space, act_space = spec.observation_space, spec.action_space
+        if obs_space.get("type") != "Box":
+            raise PayloadError(topic, f"the learner's observation space {obs_space.get('type')!r} is not a Box")
+        shape = tuple(obs_space["shape"])
+        dtype = np.dtype(str(obs_space.get("dtype", "float32")))
+        for name in ("obs", "final_obs", "next_obs"):
+            arr = getattr(b, name)
+            want = (n, *shape) if name == "next_obs" else (t, n, *shape)
+            if arr.shape != want or arr.dtype != dtype:
+                raise PayloadError(topic, f"{name} must be {dtype} {list(want)}, got {arr.dtype} {list(arr.shape)}")
+            if dtype.kind == "f" and not np.isfinite(arr).all():
+                raise PayloadError(topic, f"{name} holds NaN or infinite values")
+        if act_space.get("type") == "Discrete":
+            start = int(act_space.get("start", 0))
+            if b.actions.shape != (t, n) or b.actions.dtype.kind not in "iu":
+                raise PayloadError(topic, f"actions must be integers [T, N] = {[t, n]}, got {b.actions.dtype} "
+                                          f"{list(b.actions.shape)}")
+            if b.actions.size and (b.actions.min() < start or b.actions.max() >= start + int(act_space["n"])):
+                raise PayloadError(topic, f"actions must lie in {start}..{start + int(act_space['n']) - 1}")
+        else:
+            want = (t, n, *act_space["shape"])
+            if b.actions.shape != want or b.actions.dtype.kind != "f" or not np.isfinite(b.actions).all():
+                raise PayloadError(topic, f"actions must be finite floats {list(want)}, got {b.actions.dtype} "
+                                          f"{list(b.actions.shape)}")
+        checks: list[tuple[str, np.ndarray | None, str]] = [
+            ("rewards", b.rewards, "f"), ("terminations", b.terminations, "b"), ("truncations", b.truncations, "b"),
+            ("policy_version", b.policy_version, "iu"), ("behaviour_logprobs", b.behaviour_logprobs, "f"),
+            ("episode_return", self.episode_return, "f"), ("episode_length", self.episode_length, "iu")]
+        for name, arr, kinds in checks:
+            if arr is None:
+                continue
+            if arr.dtype.kind not in kinds:
+                raise PayloadError(topic, f"{name} has dtype {arr.dtype}")
+            if kinds == "f" and not np.isfinite(arr).all():
+                raise PayloadError(topic, f"{name} holds NaN or infinite values")
+        if b.policy_version.size and b.policy_version.min() < 1:
+            raise PayloadError(topic, "policy_version must be >= 1 (bundle versions count from 1)")
+        logp = b.behaviour_logprobs
+        if logp is not None and act_space.get("type") == "Discrete" and logp.size and logp.max() > 1e-4:
+            raise PayloadError(topic, "behaviour_logprobs of a Discrete policy must be <= 0 (log of a probability)")
+        if self.episode_length is not None and self.episode_length.size and self.episode_length.min() < 0:
+            raise PayloadError(topic, "episode_length must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Receipt:
+    """The learner's receipt of experience records: they are stored (or were refused), so the node may delete them.
+
+    A node keeps each experience record in its outbox until a receipt names it (`edge._outbox`): what makes a
+    record survive a broker that crashes between acknowledging and delivering it. Receipts are idempotent: a
+    record received twice is receipted twice.
+    """
+
+    node: str
+    record_ids: tuple[int, ...]
+    """Records stored by the learner's spool (or already consumed)."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """Record id (as text) -> why the learner refused it; the node deletes it too and reports the reason."""
+
+    MAX_IDS = 4096
+
+    def encode(self) -> bytes:
+        """JSON payload."""
+        return _encode_json({"kind": "receipt", "node": self.node, "record_ids": list(self.record_ids),
+                             "refused": {k: v[:200] for k, v in self.refused.items()}})
+
+    @classmethod
+    def decode(cls, topic: str, payload: bytes) -> Receipt:
+        """Parse and validate; raise `PayloadError`."""
+        obj = _decode_json(topic, payload, "receipt")
+        ids = _field(topic, obj, "record_ids", list)
+        refused = _field(topic, obj, "refused", dict, optional=True) or {}
+        if len(ids) + len(refused) > cls.MAX_IDS or not all(_is_int(i) and i >= 1 for i in ids):
+            raise PayloadError(topic, f"record_ids must be at most {cls.MAX_IDS} integers >= 1")
+        if not all(k.isdigit() and isinstance(v, str) for k, v in refused.items()):
+            raise PayloadError(topic, "refused must map record ids to reasons")
+        return cls(node=_field(topic, obj, "node", str), record_ids=tuple(int(i) for i in ids),
+                   refused={str(k): str(v) for k, v in refused.items()})
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,6 +11,52 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     register_envs(sub)  # `strata envs serve` (the gRPC env service)
     _register_functions(sub)  # `strata functions serve` (the local Lambda runtime)
+    _register_certs(sub)  # `strata certs` (the service plane's run CA and role certificates)
+
+
+def _register_certs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`strata certs`: a run CA, a per-run token and one certificate per service-plane role."""
+    from functions._secure import CERT_ROLES
+
+    certs = sub.add_parser(
+        "certs", help="make a run CA, a per-run token and per-role TLS certificates for the service plane",
+        description="Write a run CA (ca.crt, ca.key), a per-run token and, for each --role, ROLE/tls.crt, "
+        "ROLE/tls.key and ROLE/ca.crt (the layout of a kubernetes.io/tls Secret) valid for the role's hosts and "
+        "loopback. Give a process its role's files as --tls-ca/--tls-cert/--tls-key and the token as "
+        "--tls-token-file. Run it again with the same --out to add roles under the same CA; nothing is ever "
+        "overwritten.")
+    certs.add_argument("--out", required=True, metavar="DIR", help="folder of the run's certificates (created)")
+    certs.add_argument("--role", action="append", required=True, metavar="ROLE=HOST[,HOST...]",
+                       help=f"a role ({', '.join(CERT_ROLES)}) and the IP addresses or DNS names its services are "
+                       "reached at (repeatable); broker: a Mosquitto TLS listener, which may call no strata service")
+    certs.add_argument("--run", default="run", metavar="NAME",
+                       help="run name written into the CA (default: %(default)s)")
+    certs.add_argument("--days", type=int, default=90, metavar="N",
+                       help="validity of new certificates in days, 1-3650 (default: %(default)s)")
+    certs.set_defaults(func=_certs)
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from device import ConfigError, shown
+    from device._pki import issue_run_certificates
+    from functions._secure import CERT_ROLES
+
+    roles: dict[str, list[str]] = {}
+    for entry in args.role:
+        role, sep, hosts = entry.partition("=")
+        if role not in CERT_ROLES:
+            raise ConfigError(f"--role {shown(entry)}: the role must be one of {', '.join(CERT_ROLES)} "
+                              "(e.g. --role env=10.0.0.5)")
+        if role in roles:
+            raise ConfigError(f"--role {role} is given twice; list all its hosts in one --role")
+        roles[role] = [h.strip() for h in hosts.split(",") if h.strip()] if sep else []
+    written = issue_run_certificates(args.out, roles=roles, run=args.run, days=args.days)
+    print(f"run CA {written.ca_cert} (its key {written.ca_key} stays here), token {written.token}")
+    for role, folder in written.roles.items():
+        hosts = ", ".join(roles[role]) or "loopback only"
+        print(f"{role}: {folder}/tls.crt, tls.key, ca.crt for {hosts}; pass --tls-ca {folder}/ca.crt "
+              f"--tls-cert {folder}/tls.crt --tls-key {folder}/tls.key --tls-token-file {written.token}")
+    return 0
 
 
 def _register_functions(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

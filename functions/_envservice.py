@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent import futures
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -37,6 +37,7 @@ from device import RolloutBatch, StrataError, pack_arrays, require, space_bounds
 from functions._codec import CodecError, available_codecs, decode_bytes, encode_bytes
 from functions._errors import FunctionsError
 from functions._lifetime import signals_held
+from functions._secure import PLAINTEXT, ServiceTLS
 
 if TYPE_CHECKING:
     import grpc
@@ -78,6 +79,11 @@ class EnvServiceConfig:
     """Policy name on the parameter server."""
     trust: tuple[str, ...] = ()
     """Public keys (PEM) policy bundles must be signed by; empty: bundles are parsed, not verified."""
+    health_port: int | None = None
+    """Also answer grpc.health.v1 in plaintext on this port (and nothing else), for probes that speak no TLS
+    (Kubernetes' gRPC probes); 0 picks a free one. None: no such port."""
+    tls: ServiceTLS = PLAINTEXT
+    """Mutual TLS and the per-run token (`functions._secure`; the --tls-* flags)."""
 
 
 def space_from_json(spec: Mapping[str, Any]) -> Any:
@@ -141,6 +147,10 @@ class EnvService:
         if env_fn is None and ":" not in config.env and config.env not in gym.registry:
             raise EnvServiceError(f"EnvService: env {config.env!r} is not a registered gymnasium env id; list them "
                                   "with `python -c 'import gymnasium; gymnasium.pprint_registry()'`")
+        from functions._secure import check_listen
+
+        self._tls = config.tls.load("strata envs serve")  # before any env is made: a bad file is one line
+        check_listen(config.host, self._tls, call="strata envs serve")
         self.config = config
         self.service_id = f"envsvc-{uuid.uuid4().hex[:8]}"
         make = env_fn or (lambda: gym.make(config.env))
@@ -165,27 +175,34 @@ class EnvService:
         self.env_steps = 0
         self._server: grpc.Server | None = None
         self._health: Any = None
+        self._health_server: Any = None
         self.port = 0
+        self.health_port = 0
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> EnvService:
         """Bind and start serving; `port` holds the bound port afterwards."""
-        grpc = require("grpc", extra="functions", purpose="the env service")
+        require("grpc", extra="functions", purpose="the env service")
         from functions._proto import strata_env_pb2_grpc
+        from functions._secure import add_health, bind, new_server, serve_health
 
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.config.max_workers),
-                             options=[("grpc.max_receive_message_length", 64 << 20),
-                                      ("grpc.max_send_message_length", 64 << 20)])
+        server = new_server(self._tls, name="env service", max_workers=self.config.max_workers,
+                            options=[("grpc.max_receive_message_length", 64 << 20),
+                                     ("grpc.max_send_message_length", 64 << 20)])
         strata_env_pb2_grpc.add_EnvServiceServicer_to_server(  # type: ignore[no-untyped-call]
             _Servicer(self), server)
-        self._health = _add_health(server)
-        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        self._health = add_health(server, ["strata.env.v1.EnvService"])
+        self.port = bind(server, self.config.host, self.config.port, self._tls, call="strata envs serve")
         if self.port == 0:
             raise EnvServiceError(f"EnvService.start: cannot bind {self.config.host}:{self.config.port}; "
                                   "pick a free port or pass port=0")
         server.start()
         self._server = server
+        if self.config.health_port is not None and self._health is not None:
+            self._health_server = serve_health(self._health, self.config.host, self.config.health_port,
+                                               call="strata envs serve")
+            self.health_port = self._health_server.strata_port
         if self.config.param_server:
             self.load_from_param_server(self.config.param_server, self.config.policy, min_version=0, wait=False)
         return self
@@ -202,6 +219,9 @@ class EnvService:
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None
+        if self._health_server is not None:
+            self._health_server.stop(None)
+            self._health_server = None
         if self._param_client is not None:
             self._param_client.close()
         for env in self._envs:
@@ -236,7 +256,7 @@ class EnvService:
         if self._param_client is None or self._param_client.target != target or self._param_client.policy != policy:
             if self._param_client is not None:
                 self._param_client.close()
-            self._param_client = ParameterClient(target, policy=policy)
+            self._param_client = ParameterClient(target, policy=policy, tls=self.config.tls)
         client = self._param_client
         deadline = time.monotonic() + timeout_s
         while True:
@@ -383,19 +403,6 @@ class EnvService:
                 "action_space": space_to_json(self.action_space), "policy_version": self.policy_version}
 
 
-def _add_health(server: Any) -> Any:
-    """Serve grpc.health.v1 when grpcio-health-checking is installed; return the servicer or None."""
-    try:
-        from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
-    except ImportError:
-        return None  # our own Status rpc still answers liveness
-    servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    for name in ("", "strata.env.v1.EnvService"):
-        servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return servicer
-
-
 def _abort_on_error(context: Any, exc: Exception) -> NoReturn:
     import grpc
 
@@ -481,17 +488,21 @@ class _Servicer:
 class EnvServiceClient:
     """A connection to one env service; every call has a deadline (`timeout_s`)."""
 
-    def __init__(self, target: str, *, timeout_s: float = 5.0) -> None:
+    def __init__(self, target: str, *, timeout_s: float = 5.0, tls: ServiceTLS = PLAINTEXT,
+                 server_name: str = "") -> None:
         grpc = require("grpc", extra="functions", purpose="the env service client")
         from functions._proto import strata_env_pb2 as pb
         from functions._proto import strata_env_pb2_grpc
+        from functions._secure import open_channel
 
         self.target = target
         self.timeout_s = timeout_s
         self._grpc = grpc
         self._pb = pb
-        self._channel = grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", 64 << 20),
-                                                               ("grpc.max_send_message_length", 64 << 20)])
+        self._tls = tls.load("env service client")
+        self._channel = open_channel(target, self._tls, call="env service client", server_name=server_name,
+                                     options=[("grpc.max_receive_message_length", 64 << 20),
+                                              ("grpc.max_send_message_length", 64 << 20)])
         self._stub = strata_env_pb2_grpc.EnvServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._spec: dict[str, Any] | None = None
 
@@ -507,11 +518,17 @@ class EnvServiceClient:
             raise self._translate(name, exc) from exc
 
     def _translate(self, name: str, exc: Any) -> EnvServiceError:
+        from functions._secure import refusal, unavailable_hint
+
         code = exc.code()
+        refused = refusal(exc, tls=self._tls)
+        if refused is not None:
+            return EnvServiceError(f"{name} on env service {self.target}: refused: {refused}")
         if code in (self._grpc.StatusCode.DEADLINE_EXCEEDED, self._grpc.StatusCode.UNAVAILABLE,
                     self._grpc.StatusCode.CANCELLED):
+            hint = unavailable_hint(self._tls) if "failed to connect" in str(exc.details()) else ""
             return ServiceUnavailableError(f"{name} on env service {self.target}: {code.name} ({exc.details()}); "
-                                           "the service is dead or hung: re-issue the work to another one")
+                                           f"the service is dead or hung: re-issue the work to another one{hint}")
         return EnvServiceError(f"{name} on env service {self.target}: {exc.details()}")
 
     def spec(self) -> dict[str, Any]:
@@ -524,22 +541,37 @@ class EnvServiceClient:
 
     def health(self, timeout_s: float | None = None) -> bool:
         """True when the standard health service (or our Status rpc) answers SERVING within the deadline."""
+        return self.check_health(timeout_s)[0]
+
+    def check_health(self, timeout_s: float | None = None, *, wait_for_ready: bool = True) -> tuple[bool, str]:
+        """``(True, "SERVING")``, or ``(False, one line saying why not)``: not serving, refused, unreachable.
+
+        With `wait_for_ready` a channel in reconnect backoff (the service restarted) waits for it up to the
+        deadline; without, a refused connection answers at once with its reason.
+        """
         try:
             from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
         except ImportError:
             try:
-                return bool(self._call("Status", self._pb.StatusRequest(), timeout_s).status == "SERVING")
-            except ServiceUnavailableError:
-                return False
+                status = self._call("Status", self._pb.StatusRequest(), timeout_s).status
+            except EnvServiceError as exc:
+                return False, str(exc)
+            return status == "SERVING", str(status)
         try:
             stub = health_pb2_grpc.HealthStub(self._channel)
-            # wait_for_ready: a channel in reconnect backoff (the service restarted) waits for it, up to the deadline
             with signals_held():
                 reply = stub.Check(health_pb2.HealthCheckRequest(service="strata.env.v1.EnvService"),
-                                   timeout=timeout_s or self.timeout_s, wait_for_ready=True)
-        except self._grpc.RpcError:
-            return False
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+                                   timeout=timeout_s or self.timeout_s, wait_for_ready=wait_for_ready)
+        except self._grpc.RpcError as exc:
+            from functions._secure import refusal, unavailable_hint
+
+            refused = refusal(exc, tls=self._tls)
+            if refused is not None:
+                return False, f"refused: {refused}"
+            hint = unavailable_hint(self._tls) if "failed to connect" in str(exc.details()) else ""
+            return False, f"{exc.code().name} ({exc.details()}){hint}"
+        status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        return status == "SERVING", status
 
     def reset(self, seed: int | None = None) -> np.ndarray:
         """Reset all K envs; return ``[K, *S]`` observations."""
@@ -625,7 +657,11 @@ def serve(config: EnvServiceConfig, *, duration_s: float = 0.0, announce: Callab
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     say = announce or (lambda line: print(line, flush=True))
-    say(f"strata env service {service.service_id}: {config.envs} x {config.env} on {service.address}")
+    secured = " over mutual TLS" if config.tls.enabled else ""
+    say(f"strata env service {service.service_id}: {config.envs} x {config.env}{secured} on {service.address}")
+    if config.health_port is not None:
+        say(f"strata env service {service.service_id}: grpc.health.v1 (plaintext, health only) on "
+            f"{config.host}:{service.health_port}")
     try:
         stop.wait(duration_s if duration_s > 0 else None)
     except KeyboardInterrupt:
@@ -646,13 +682,47 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     serve_p = envs_sub.add_parser("serve", help="serve K envs over gRPC until interrupted",
                                   description="Host K gymnasium envs behind gRPC: per-step, batched and "
                                   "rollout-fragment calls, with grpc.health.v1. Prints HOST:PORT when ready.")
-    add_config_arguments(serve_p, EnvServiceConfig)
+    add_config_arguments(serve_p, EnvServiceConfig, skip={"tls"})
+    add_config_arguments(serve_p.add_argument_group(TLS_GROUP_TITLE), ServiceTLS)
     serve_p.add_argument("--duration", type=seconds, default=0.0, metavar="SECONDS",
                          help="stop after this many seconds (default: 0, run until interrupted)")
     serve_p.set_defaults(func=_serve_command)
+    health_p = envs_sub.add_parser(
+        "health", help="ask an env service whether it is serving (exit 0) or say why not (exit 1)",
+        description="Call grpc.health.v1 Check on an env service, with the same --tls-* options as its clients; "
+        "prints SERVING and exits 0, or one line saying why not and exits 1 (an exec probe, or a check that a "
+        "client without the run's certificate is refused).")
+    health_p.add_argument("target", metavar="HOST:PORT", help="address of the env service")
+    health_p.add_argument("--timeout", type=seconds, default=5.0, metavar="SECONDS",
+                          help="deadline of the check (default: %(default)s)")
+    health_p.add_argument("--server-name", default="", metavar="NAME",
+                          help="name the service's certificate must carry when it is not HOST (default: HOST)")
+    add_config_arguments(health_p.add_argument_group(TLS_GROUP_TITLE), ServiceTLS)
+    health_p.set_defaults(func=_health_command)
+
+
+TLS_GROUP_TITLE = ("service-plane security (ServiceTLS; also STRATA_TLS_CA, STRATA_TLS_CERT, STRATA_TLS_KEY, "
+                   "STRATA_TLS_TOKEN_FILE, STRATA_INSECURE_PLAINTEXT_OFF_LOOPBACK)")
 
 
 def _serve_command(args: argparse.Namespace) -> int:
     from device import config_from_args
+    from functions._secure import service_tls_from_args
 
-    return serve(config_from_args(EnvServiceConfig, args), duration_s=args.duration)
+    return serve(config_from_args(EnvServiceConfig, args, tls=service_tls_from_args(args)), duration_s=args.duration)
+
+
+def _health_command(args: argparse.Namespace) -> int:
+    from functions._secure import service_tls_from_args
+
+    client = EnvServiceClient(args.target, timeout_s=args.timeout, tls=service_tls_from_args(args),
+                              server_name=args.server_name)
+    try:
+        ok, why = client.check_health(args.timeout, wait_for_ready=False)
+    finally:
+        client.close()
+    if ok:
+        print(f"strata envs health: {args.target}: SERVING")
+        return 0
+    print(f"strata envs health: {args.target}: {why}", file=sys.stderr)
+    return 1

@@ -37,6 +37,7 @@ from functions._codec import (
     weights_sha256,
 )
 from functions._errors import FunctionsError
+from functions._secure import PLAINTEXT, ServiceTLS
 
 
 class ParamClientError(FunctionsError):
@@ -64,10 +65,12 @@ class SyncStats:
 class ParameterClient:
     """Pulls (and pushes) one named policy's weights from a parameter server at `target` (``HOST:PORT``)."""
 
-    def __init__(self, target: str, *, policy: str, lossy: bool = False, timeout_s: float = 5.0) -> None:
+    def __init__(self, target: str, *, policy: str, lossy: bool = False, timeout_s: float = 5.0,
+                 tls: ServiceTLS = PLAINTEXT) -> None:
         grpc = require("grpc", extra="functions", purpose="the parameter-server client")
         from functions._proto import strata_params_pb2 as pb
         from functions._proto import strata_params_pb2_grpc
+        from functions._secure import open_channel
 
         self.target = target
         self.policy = policy
@@ -75,8 +78,10 @@ class ParameterClient:
         self.timeout_s = timeout_s
         self._grpc = grpc
         self._pb = pb
-        self._channel = grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", 256 << 20),
-                                                               ("grpc.max_send_message_length", 256 << 20)])
+        self._tls = tls.load("parameter-server client")
+        self._channel = open_channel(target, self._tls, call="parameter-server client",
+                                     options=[("grpc.max_receive_message_length", 256 << 20),
+                                              ("grpc.max_send_message_length", 256 << 20)])
         self._stub = strata_params_pb2_grpc.ParameterServerStub(self._channel)  # type: ignore[no-untyped-call]
         self.version = 0
         """Version of the weights held; 0 before the first pull."""
@@ -141,8 +146,15 @@ class ParameterClient:
             raise self._error("Pull", exc) from exc
 
     def _error(self, name: str, exc: Any) -> ParamClientError:
+        from functions._secure import refusal, unavailable_hint
+
+        refused = refusal(exc, tls=self._tls)
+        if refused is not None:
+            return ParamClientError(f"{name} of policy {self.policy!r} on parameter server {self.target}: refused: "
+                                    f"{refused}")
+        hint = unavailable_hint(self._tls) if "failed to connect" in str(exc.details()) else ""
         return ParamClientError(f"{name} of policy {self.policy!r} on parameter server {self.target}: "
-                                f"{exc.code().name} ({exc.details()}); check that the server is running")
+                                f"{exc.code().name} ({exc.details()}); check that the server is running{hint}")
 
     def _apply(self, reply: Any) -> bool:
         self.server_version = max(self.server_version, int(reply.version))

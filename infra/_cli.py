@@ -89,6 +89,44 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tmpl.add_argument("--out", required=True, help="template file to write")
     tmpl.add_argument("--package", default=None, help="also write the functions zip here")
     tmpl.set_defaults(func=_template)
+    _register_k8s(cmds)
+
+
+def _register_k8s(cmds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`strata infra k8s render`: Kubernetes manifests of a run (no cluster is contacted)."""
+    from device import add_config_arguments
+    from infra._k8s import K8sConfig
+
+    k8s = cmds.add_parser("k8s", help="Kubernetes manifests of a run: learner, env services, hybrid units",
+                          description="Kubernetes manifests for strata (infra/_k8s.py); nothing talks to a cluster.")
+    k8s_cmds = k8s.add_subparsers(dest="k8s_command", metavar="ACTION", required=True)
+    render = k8s_cmds.add_parser(
+        "render", help="write the manifests (a kustomize base and overlays) into a new folder",
+        description="Write a kustomize base (namespace, service accounts, the learner with its parameter server, "
+        "env services with an autoscaler and a headless Service, hybrid units as a StatefulSet running torchrun, "
+        "network policies, optionally a Mosquitto broker) and overlays (the units as a PyTorchJob; cert-manager "
+        "Certificates) into --out. Env services prefer the learner's zone, units never share a node. Prints the "
+        "`strata certs` line that makes the TLS Secrets' material. See docs/kubernetes.md.")
+    render.add_argument("--out", required=True, type=Path, metavar="DIR",
+                        help="folder to create (must be new or empty)")
+    add_config_arguments(render, K8sConfig)
+    render.set_defaults(func=_k8s_render)
+
+
+def _k8s_render(args: argparse.Namespace) -> int:
+    from device import config_from_args
+    from infra._k8s import K8sConfig, Names, certs_command, write_manifests
+
+    config = config_from_args(K8sConfig, args)
+    written = write_manifests(config, args.out)
+    print(f"strata infra k8s render: wrote {len(written)} files into {args.out} (apply with `kubectl apply -k "
+          f"{args.out}/base`, or an overlay under {args.out}/overlays)")
+    names = Names(config)
+    print(f"strata infra k8s render: TLS material: `{certs_command(config)}`, then for each ROLE in learner env"
+          f"{' broker' if config.broker else ''}: `kubectl -n {config.namespace} create secret generic "
+          f"{names.tls_secret('ROLE')} --type=kubernetes.io/tls --from-file=certs/ROLE/` and `kubectl -n "
+          f"{config.namespace} create secret generic {names.token_secret} --from-file=token=certs/token`")
+    return 0
 
 
 @contextlib.contextmanager

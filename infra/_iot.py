@@ -12,6 +12,13 @@ device id):
     iot:RetainPublish  topic/... of the retained ones: the node's status (and its last will), the relayed
                        device bundle; IoT Core refuses a retained publish without it
 
+The learner (the cloud's experience ingesters and the publisher of an ``edge``-mode run) has a policy of its own,
+derived from the learner rows of the same table (`learner_policy_document`): it connects as
+``{fleet}.learner.*``, subscribes to every node's experience through a shared subscription (``iot:Subscribe`` on
+``topicfilter/$share/{group}/...nodes/*/experience``, ``iot:Receive`` on ``topic/...nodes/*/experience``, as IoT
+Core authorises shared subscriptions), publishes receipts to every node and the fleet's policies. No node policy
+grants any of it.
+
 Two stages of one account must never share a topic or a client id, so a stage's MQTT fleet is
 ``{stage}.{fleet}`` (`iot_fleet`; a stage has no ``.``) and every client id starts with it.
 
@@ -28,12 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from device import MqttAccess, MqttRole, identifier, inside, mqtt_client_id, mqtt_topic, write_atomic
-from device._mqtt_access import MQTT_ACCESS
+from device._mqtt_access import MQTT_ACCESS, NODE_ROLES, SHARE_GROUP, shared_filter
 
 CREDENTIALS_SCHEMA = 1
 MQTT_TLS_PORT = 8883
 AMAZON_ROOT_CA_URL = "https://www.amazontrust.com/repository/AmazonRootCA1.pem"
-_ROLES: tuple[MqttRole, ...] = ("agent", "gateway", "device")
+_ROLES: tuple[MqttRole, ...] = NODE_ROLES
 
 
 def iot_fleet(stage: str, fleet: str) -> str:
@@ -52,6 +59,8 @@ def node_grants(fleet: str, node: str) -> dict[str, list[str]]:
         "iot:Connect": [f"client/{mqtt_client_id(role, fleet=fleet, node=node, device='*')}" for role in _ROLES],
         "iot:Subscribe": [], "iot:Receive": [], "iot:Publish": [], "iot:RetainPublish": []}
     for access in MQTT_ACCESS:
+        if access.role not in _ROLES:
+            continue
         topic = _topic(fleet, node, access)
         if access.op == "subscribe":
             grants["iot:Subscribe"].append(f"topicfilter/{topic}")
@@ -59,6 +68,25 @@ def node_grants(fleet: str, node: str) -> dict[str, list[str]]:
         else:
             grants["iot:Publish"].append(f"topic/{topic}")
             if access.retain or access.will:
+                grants["iot:RetainPublish"].append(f"topic/{topic}")
+    return {action: sorted(set(resources)) for action, resources in grants.items()}
+
+
+def learner_grants(fleet: str, *, group: str = SHARE_GROUP) -> dict[str, list[str]]:
+    """IoT action -> what the learner's clients need (the ``learner`` rows of the table; free segments are ``*``)."""
+    grants: dict[str, list[str]] = {
+        "iot:Connect": [f"client/{mqtt_client_id('learner', fleet=fleet, node='*')}"],
+        "iot:Subscribe": [], "iot:Receive": [], "iot:Publish": [], "iot:RetainPublish": []}
+    for access in MQTT_ACCESS:
+        if access.role != "learner":
+            continue
+        topic = mqtt_topic(fleet, access.topic, node="*", device="*", policy="*", index="*")
+        if access.op == "subscribe":
+            grants["iot:Subscribe"].append(f"topicfilter/{shared_filter(group, topic) if access.shared else topic}")
+            grants["iot:Receive"].append(f"topic/{topic}")
+        else:
+            grants["iot:Publish"].append(f"topic/{topic}")
+            if access.retain:
                 grants["iot:RetainPublish"].append(f"topic/{topic}")
     return {action: sorted(set(resources)) for action, resources in grants.items()}
 
@@ -76,6 +104,23 @@ def policy_document(*, partition: str, region: str, account: str, fleet: str, no
         "Statement": [{"Sid": _SIDS[action], "Effect": "Allow", "Action": action,
                        "Resource": [f"{arn}:{r}" for r in resources]}
                       for action, resources in node_grants(fleet, node).items()],
+    }
+
+
+_LEARNER_SIDS = {"iot:Connect": "ConnectAsLearnerClients", "iot:Subscribe": "SubscribeFleetExperienceShared",
+                 "iot:Receive": "ReceiveFleetExperience", "iot:Publish": "PublishReceiptsAndPolicies",
+                 "iot:RetainPublish": "RetainPolicies"}
+
+
+def learner_policy_document(*, partition: str, region: str, account: str, fleet: str,
+                            group: str = SHARE_GROUP) -> dict[str, Any]:
+    """The IoT policy of the learner's identity for `fleet` (the MQTT fleet): exactly what `learner_grants` lists."""
+    arn = f"arn:{partition}:iot:{region}:{account}"
+    return {
+        "Version": "2012-10-17",
+        "Statement": [{"Sid": _LEARNER_SIDS[action], "Effect": "Allow", "Action": action,
+                       "Resource": [f"{arn}:{r}" for r in resources]}
+                      for action, resources in learner_grants(fleet, group=group).items()],
     }
 
 

@@ -31,7 +31,7 @@ def train_hybrid_from_args(args: argparse.Namespace) -> int:
     from cloud.runs._checkpoint import resumed_config
     from cloud.runs._metrics import METRICS_FILE
     from cloud.runs._run import resume_command
-    from cloud.switching._modes import SwitchingConfig
+    from cloud.switching._modes import switching_from_args
     from cloud.switching._switcher import SwitchRules
     from device import config_from_args
 
@@ -45,7 +45,7 @@ def train_hybrid_from_args(args: argparse.Namespace) -> int:
     unit_modes = tuple(args.modes[1:])
     if "hybrid" in unit_modes:
         raise ConfigError("train: --modes names hybrid twice; list it once, first")
-    switching = config_from_args(SwitchingConfig, args, modes=unit_modes)
+    switching = switching_from_args(args, modes=unit_modes)
     spec = UnitSpec(env_id=args.env, total_steps=args.total_steps, run_dir=args.run_dir, seed=args.seed,
                     config=config, switching=switching, hybrid=config_from_args(HybridConfig, args),
                     resume=args.resume, target_return=args.target_return, confirm_episodes=args.confirm_episodes,

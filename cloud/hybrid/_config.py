@@ -48,6 +48,9 @@ class HybridConfig:
     """Address rank 0's parameter server listens on (every version is pushed to it)."""
     param_server_port: int = 0
     """Port of rank 0's parameter server (0: a free one, written to RUN_DIR/paramserver.json)."""
+    param_server_health_port: int | None = None
+    """Also answer grpc.health.v1 in plaintext on this port of rank 0 (nothing else), for probes that speak no TLS
+    (Kubernetes' gRPC probes). None: no such port."""
 
     def __post_init__(self) -> None:
         if self.units is not None and self.units < 1:
@@ -60,6 +63,9 @@ class HybridConfig:
             raise ConfigError(f"HybridConfig: collective_timeout_s must be > 0, got {self.collective_timeout_s}")
         if not 0 <= self.param_server_port < 65536:
             raise ConfigError(f"HybridConfig: param_server_port must be a TCP port, got {self.param_server_port}")
+        if self.param_server_health_port is not None and not 0 <= self.param_server_health_port < 65536:
+            raise ConfigError(f"HybridConfig: param_server_health_port must be a TCP port, got "
+                              f"{self.param_server_health_port}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,6 +17,7 @@ import numpy as np
 from cloud.switching._control import SwitchRefused
 from cloud.switching._switcher import Switcher, SwitchEvent
 from device import write_atomic
+from functions._secure import PLAINTEXT, ServiceTLS
 
 PARAM_SERVER_FILE = "paramserver.json"
 """Written by rank 0 into the run dir: ``{"address": "HOST:PORT", "policy": NAME}`` of its parameter server."""
@@ -89,14 +90,16 @@ class Leader:
     """Rank 0's services for one run: parameter server, control endpoint, unit status."""
 
     def __init__(self, *, switcher: Switcher, env_id: str, run_dir: Path, policy: str, control: bool,
-                 param_host: str, param_port: int) -> None:
+                 param_host: str, param_port: int, tls: ServiceTLS = PLAINTEXT,
+                 health_port: int | None = None) -> None:
         from cloud.params._server import ParameterServer, ParamServerConfig
         from cloud.switching._modes import JobControl
 
         self.run_dir = Path(run_dir)
         self.policy = policy
         self.gate = SwitchGate(switcher)
-        self.server = ParameterServer(ParamServerConfig(host=param_host, port=param_port)).start()
+        self.server = ParameterServer(ParamServerConfig(host=param_host, port=param_port, tls=tls,
+                                                        health_port=health_port)).start()
         self.published = 0
         write_atomic(self.run_dir / PARAM_SERVER_FILE,
                      json.dumps({"address": self.server.address, "policy": policy}), durable=False)

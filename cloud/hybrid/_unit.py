@@ -278,7 +278,8 @@ class Unit:
         spec, world = self.spec, self.group.world
         self.leader = Leader(switcher=self.switcher, env_id=spec.env_id, run_dir=Path(spec.run_dir),
                              policy=spec.env_id.split("-")[0].lower(), control=spec.switching.control,
-                             param_host=spec.hybrid.param_server_host, param_port=spec.hybrid.param_server_port)
+                             param_host=spec.hybrid.param_server_host, param_port=spec.hybrid.param_server_port,
+                             tls=spec.switching.tls, health_port=spec.hybrid.param_server_health_port)
         session.begin(mode=self.switcher.mode, step=self.global_step, version=self.version,
                       reason=f"initial mode of {world} hybrid units")
         self.log(f"strata train: {world} hybrid units (gloo), {self.config.num_envs} envs each in mode "

@@ -54,6 +54,64 @@ def compute_gae(
     return advantages, returns.astype(np.float32)
 
 
+def compute_vtrace(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    next_values: np.ndarray,
+    terminations: np.ndarray,
+    dones: np.ndarray,
+    log_rhos: np.ndarray,
+    *,
+    gamma: float,
+    gae_lambda: float,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(advantages, returns)`` of experience acted by another policy: V-trace in the shape of GAE.
+
+    V-trace (Espeholt et al. 2018, IMPALA) corrects n-step returns for the policy that acted (``mu``) with truncated
+    importance weights of the learner's policy (``pi``): with ``ratio_t = exp(log_rhos[t]) = pi(a_t|s_t) /
+    mu(a_t|s_t)``, ``rho_t = min(rho_bar, ratio_t)`` and ``c_t = gae_lambda * min(c_bar, ratio_t)``,
+
+        delta_t = r_t + gamma * V(s_{t+1}) * (1 - term_t) - V(s_t)
+        D_t     = rho_t * delta_t + gamma * c_t * (1 - done_t) * D_{t+1}     (= v_t - V(s_t), v_t the V-trace target)
+        A_t     = delta_t + gamma * c_t * (1 - done_t) * D_{t+1}             (the advantage of the action at t)
+
+    ``returns = v_t = V(s_t) + D_t`` are the value targets. `A_t` leaves out the weight of the action taken at
+    ``t`` itself: the policy loss applies it (PPO's ratio against ``mu``, clipped: a truncated importance weight);
+    the later steps' weights reach `A_t` through the traces ``c``. On-policy data (``log_rhos = 0``) with
+    ``rho_bar, c_bar >= 1`` gives `compute_gae`'s advantages and returns.
+
+    Args:
+        rewards: Reward of each step.
+        values: ``V(s_t)`` under the learner's policy.
+        next_values: ``V(s_{t+1})``, as for `compute_gae`.
+        terminations: True where the MDP ended at step ``t`` (no bootstrap).
+        dones: True where the episode ended at step ``t`` for any reason.
+        gamma: Discount factor.
+        gae_lambda: Lambda of the traces (1: full V-trace returns).
+        log_rhos: ``log pi(a_t|s_t) - log mu(a_t|s_t)`` of each step, ``[T, N]``.
+        rho_bar: Truncation of each step's importance weight in the value targets.
+        c_bar: Truncation of the traces that carry later TD errors back.
+    """
+    ratios = np.exp(np.minimum(log_rhos.astype(np.float64), 50.0))
+    rhos = np.minimum(rho_bar, ratios).astype(np.float32)
+    cs = (gae_lambda * np.minimum(c_bar, ratios)).astype(np.float32)
+    nextnonterminal = 1.0 - terminations.astype(np.float32)
+    nextnotdone = 1.0 - dones.astype(np.float32)
+    advantages = np.zeros_like(rewards, dtype=np.float32)
+    corrections = np.zeros_like(rewards, dtype=np.float32)
+    later = np.zeros(rewards.shape[1:], dtype=np.float32)  # D_{t+1}
+    for t in reversed(range(rewards.shape[0])):
+        delta = rewards[t] + gamma * next_values[t] * nextnonterminal[t] - values[t]
+        carried = gamma * cs[t] * nextnotdone[t] * later
+        advantages[t] = delta + carried
+        later = rhos[t] * delta + carried
+        corrections[t] = later
+    returns = corrections + values
+    return advantages, returns.astype(np.float32)
+
+
 def normalize_advantages(mb_advantages: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """Return the advantages shifted to mean 0 and scaled to standard deviation 1 (per minibatch)."""
     if mb_advantages.numel() < 2:

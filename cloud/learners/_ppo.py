@@ -8,7 +8,11 @@ One iteration of the learner (driven by `cloud.runs._train.train`):
    and values, stamped with ``v``.
 2. `ppo_update` bootstraps truncated episodes from their final observations, computes GAE
    (`cloud.learners._losses.compute_gae`), then runs ``update_epochs`` passes of minibatch SGD on the
-   clipped surrogate, the (clipped) value loss and the entropy bonus, with gradient clipping.
+   clipped surrogate, the (clipped) value loss and the entropy bonus, with gradient clipping. Experience acted
+   by an older policy (the edge fleet's, whose batches carry ``behaviour_logprobs``) is corrected for it as
+   APPO does: the clipped ratio is taken against the policy that acted, so it is the importance weight of each
+   action, truncated to ``1 +- clip_coef``, and advantages and value targets come from V-trace
+   (`compute_vtrace`: truncated weights of the learner's policy at the update's start over the one that acted).
 3. The learner folds the batch's raw observations into the normaliser and the version becomes
    ``v + 1`` (the number of completed updates).
 
@@ -22,7 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cloud.learners._losses import compute_gae, normalize_advantages, policy_loss, total_loss, value_loss
+from cloud.learners._losses import (
+    compute_gae,
+    compute_vtrace,
+    normalize_advantages,
+    policy_loss,
+    total_loss,
+    value_loss,
+)
 from device import RolloutBatch
 
 if TYPE_CHECKING:
@@ -83,14 +94,22 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, normalizer: ObsNo
     assert batch.values is not None and batch.logprobs is not None
     next_values = bootstrap_next_values(agent, normalizer, batch)
     dones = np.logical_or(batch.terminations, batch.truncations)
-    advantages, returns = compute_gae(batch.rewards, batch.values, next_values, batch.terminations, dones,
-                                      gamma=config.gamma, gae_lambda=config.gae_lambda)
+    old_logprobs = batch.logprobs
+    if batch.behaviour_logprobs is not None:
+        advantages, returns = compute_vtrace(
+            batch.rewards, batch.values, next_values, batch.terminations, dones,
+            batch.logprobs - batch.behaviour_logprobs, gamma=config.gamma, gae_lambda=config.gae_lambda,
+            rho_bar=config.vtrace_rho_bar, c_bar=config.vtrace_c_bar)
+        old_logprobs = batch.behaviour_logprobs  # the ratio is the (clipped) importance weight of each action
+    else:
+        advantages, returns = compute_gae(batch.rewards, batch.values, next_values, batch.terminations, dones,
+                                          gamma=config.gamma, gae_lambda=config.gae_lambda)
 
     # Flatten the batch: [T, N, ...] -> [T * N, ...].
     obs_shape = batch.obs.shape[2:]
     b_obs = torch.from_numpy(normalizer(batch.obs.reshape(-1, *obs_shape)))
     b_actions = torch.from_numpy(batch.actions.reshape(-1, *batch.actions.shape[2:]))
-    b_logprobs = torch.from_numpy(batch.logprobs.reshape(-1))
+    b_logprobs = torch.from_numpy(np.ascontiguousarray(old_logprobs, dtype=np.float32).reshape(-1))
     b_advantages = torch.from_numpy(advantages.reshape(-1))
     b_returns = torch.from_numpy(returns.reshape(-1))
     b_values = torch.from_numpy(batch.values.reshape(-1))

@@ -57,6 +57,11 @@ class PPOConfig:
     """Weight of the entropy bonus."""
     vf_coef: float = 0.5
     """Weight of the value loss."""
+    vtrace_rho_bar: float = 1.0
+    """Experience acted by an older policy (the edge fleet's, with its behaviour log-probs): truncation of each step's
+    importance weight in the V-trace advantages (cloud.learners._losses.compute_vtrace)."""
+    vtrace_c_bar: float = 1.0
+    """Truncation of the V-trace traces that carry later TD errors back (with gae_lambda)."""
 
     # --- observations ---
     normalize_obs: bool = True
@@ -103,7 +108,8 @@ class PPOConfig:
         if self.batch_size % self.num_minibatches:
             raise ConfigError(f"PPOConfig: num_envs * num_steps = {self.batch_size} must be divisible by "
                               f"num_minibatches = {self.num_minibatches}")
-        for name in ("learning_rate", "max_grad_norm", "clip_coef", "obs_clip", "reward_clip"):
+        for name in ("learning_rate", "max_grad_norm", "clip_coef", "obs_clip", "reward_clip", "vtrace_rho_bar",
+                     "vtrace_c_bar"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"PPOConfig: {name} must be > 0, got {getattr(self, name)}")
         for name in ("gamma", "gae_lambda"):

@@ -111,7 +111,8 @@ class SACConfig:
     torch_threads: int = 1
     """torch intra-op threads (small nets are fastest on one)."""
     env_mode: str = "sync"
-    """Vector-env mode of cloud.rollout._envs.make_vector_env (the env source)."""
+    """Vector-env mode of cloud.rollout._envs.make_vector_env (the env source); "edge": the fleet's experience alone
+    (--edge-broker, --edge-fleet), into the replay with each transition's acting version."""
     log_every: int = 1000
     """Write metrics every this many env steps."""
     eval_episodes: int = 20
@@ -214,10 +215,17 @@ def polyak_update(target: list[torch.Tensor], online: list[torch.Tensor], tau: f
 # -- networks --------------------------------------------------------------------------------------------
 
 
-def transition_signature(obs_shape: tuple[int, ...], act_shape: tuple[int, ...]) -> Signature:
-    """The replay fields SAC stores; ``step`` is the transition's env-step id (counts loss and duplicates)."""
-    return {"obs": (obs_shape, "float32"), "action": (act_shape, "float32"), "reward": ((), "float32"),
-            "next_obs": (obs_shape, "float32"), "terminated": ((), "bool"), "step": ((), "int64")}
+def transition_signature(obs_shape: tuple[int, ...], act_shape: tuple[int, ...], *, version: bool = False
+                         ) -> Signature:
+    """The replay fields SAC stores; ``step`` is the transition's env-step id (counts loss and duplicates).
+
+    With `version` (the edge mode), also the bundle version of the policy that acted, for diagnostics.
+    """
+    fields = {"obs": (obs_shape, "float32"), "action": (act_shape, "float32"), "reward": ((), "float32"),
+              "next_obs": (obs_shape, "float32"), "terminated": ((), "bool"), "step": ((), "int64")}
+    if version:
+        fields["version"] = ((), "int64")
+    return fields
 
 
 class SACTrainer:
@@ -245,7 +253,9 @@ class SACTrainer:
         self.total_steps = total_steps
         torch.set_num_threads(config.torch_threads)
         torch.manual_seed(seed)
-        self.envs = make_vector_env(env_id, num_envs=1, seed=seed, mode=config.env_mode)
+        self.fed = config.env_mode == "edge"
+        """Whether the fleet's experience is the env source (`run_fed`); the local env then only names the spaces."""
+        self.envs = make_vector_env(env_id, num_envs=1, seed=seed, mode="sync" if self.fed else config.env_mode)
         act_space = self.envs.single_action_space
         if not isinstance(act_space, gym.spaces.Box):
             self.envs.close()
@@ -275,7 +285,7 @@ class SACTrainer:
         self.a_optimizer = torch.optim.Adam([self.log_alpha], lr=config.policy_lr)
         self.alpha = config.alpha
 
-        self.signature = transition_signature(self.obs_shape, self.act_shape)
+        self.signature = transition_signature(self.obs_shape, self.act_shape, version=self.fed)
         self._server: Any = None
         self.replay = replay if replay is not None else self._make_replay(seed)
         self.rng = np.random.default_rng(seed)
@@ -378,6 +388,46 @@ class SACTrainer:
                 on_log(self.global_step, {**self.last_metrics, "perf/env_steps_per_s": rate,
                                           "charts/episodic_return": self.train_returns[-1] if self.train_returns
                                           else math.nan})
+
+    def run_fed(self, until_step: int, *, take: Callable[[int], list[Any]],
+                on_log: Callable[[int, dict[str, float]], None] | None = None) -> None:
+        """Learn from the fleet's records (``take(budget) -> [edge.Experience]``) until `until_step` env steps.
+
+        Each transition goes into the replay with its acting version, followed by one gradient step, as an env step
+        would be; records are taken whole, at most up to the next ``log_every`` boundary, so a commit never splits
+        one.
+        """
+        cfg = self.config
+        started, steps_at_start = time.perf_counter(), self.global_step
+        while self.global_step < until_step:
+            budget = min(cfg.log_every - self.global_step % cfg.log_every, until_step - self.global_step)
+            for record in take(budget):
+                self._insert_record(record)
+            if on_log is not None and self.global_step % cfg.log_every == 0:
+                rate = (self.global_step - steps_at_start) / max(time.perf_counter() - started, 1e-9)
+                on_log(self.global_step, {**self.last_metrics, "perf/env_steps_per_s": rate,
+                                          "charts/episodic_return": self.train_returns[-1] if self.train_returns
+                                          else math.nan})
+
+    def _insert_record(self, record: Any) -> None:
+        """The transitions of one `edge.Experience` record into the replay, one gradient step after each."""
+        b = record.batch
+        done = np.logical_or(b.terminations, b.truncations)
+        for n in range(b.num_envs):
+            for t in range(b.num_steps):
+                if done[t, n]:
+                    next_obs = b.final_obs[t, n]
+                else:
+                    next_obs = b.obs[t + 1, n] if t + 1 < b.num_steps else b.next_obs[n]
+                self._insert({"obs": b.obs[t, n][None], "action": np.asarray(b.actions[t, n], np.float32)[None],
+                              "reward": np.asarray([b.rewards[t, n]], np.float32), "next_obs": next_obs[None],
+                              "terminated": np.asarray([b.terminations[t, n]]),
+                              "step": np.array([self.global_step]), "version": np.array([b.policy_version[t, n]])})
+                if done[t, n] and record.episode_return is not None:
+                    self.train_returns.append(float(record.episode_return[t, n]))
+                self.global_step += 1
+                if self.global_step >= self.config.learning_starts:
+                    self.update()
 
     def _insert(self, items: dict[str, np.ndarray]) -> None:
         # Timeout 0: in this loop inserts and samples alternate, so the limiter can only block on a bug.
@@ -489,7 +539,7 @@ class SACTrainer:
         return model
 
     def build_bundle(self, model: bytes, *, signing_key: SigningKey, policy: str, version: int = 1,
-                     parent_version: int | None = None) -> Bundle:
+                     parent_version: int | None = None, producer: dict[str, str] | None = None) -> Bundle:
         """Sign `model` as a policy bundle with this run's spaces and provenance."""
         import onnx
         import torch
@@ -502,7 +552,7 @@ class SACTrainer:
             preprocessing=sac_preprocessing(self.action_space), signing_key=signing_key,
             producer={"torch": torch.__version__, "onnx": onnx.__version__, "algo": "sac", "env_id": self.env_id,
                       "global_step": str(self.global_step),
-                      "exporter": f"torch.onnx.export(dynamo=False, opset_version={OPSET})"},
+                      "exporter": f"torch.onnx.export(dynamo=False, opset_version={OPSET})", **(producer or {})},
         )
 
     def close(self) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +32,7 @@ from functions._codec import (
     encode_weights,
     weights_sha256,
 )
+from functions._secure import PLAINTEXT, ServiceTLS
 
 
 class ParamServerError(CloudError, ValueError):
@@ -55,6 +55,11 @@ class ParamServerConfig:
     """zlib the payload when that makes it smaller."""
     max_workers: int = 4
     """gRPC handler threads."""
+    health_port: int | None = None
+    """Also answer grpc.health.v1 in plaintext on this port (nothing else), for probes that speak no TLS; 0 picks
+    a free one. None: no such port."""
+    tls: ServiceTLS = PLAINTEXT
+    """Mutual TLS and the per-run token (`functions._secure`)."""
 
 
 @dataclass(frozen=True)
@@ -84,10 +89,16 @@ class ParameterServer:
         self.config = config or ParamServerConfig()
         if self.config.keep_versions < 1:
             raise ParamServerError(f"ParameterServer: keep_versions={self.config.keep_versions} must be >= 1")
+        from functions._secure import check_listen
+
+        self._tls = self.config.tls.load("parameter server")
+        check_listen(self.config.host, self._tls, call="parameter server")
         self._policies: dict[str, _Policy] = {}
         self._lock = threading.Lock()
         self._server: Any = None
+        self._health_server: Any = None
         self.port = 0
+        self.health_port = 0
 
     # -- store -------------------------------------------------------------------------------------
 
@@ -175,19 +186,25 @@ class ParameterServer:
 
     def start(self) -> ParameterServer:
         """Serve over gRPC; `port` holds the bound port afterwards."""
-        grpc = require("grpc", extra="cloud", purpose="the parameter server")
+        require("grpc", extra="cloud", purpose="the parameter server")
         from functions._proto import strata_params_pb2_grpc
+        from functions._secure import add_health, bind, new_server, serve_health
 
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.config.max_workers),
-                             options=[("grpc.max_receive_message_length", 256 << 20),
-                                      ("grpc.max_send_message_length", 256 << 20)])
+        server = new_server(self._tls, name="parameter server", max_workers=self.config.max_workers,
+                            options=[("grpc.max_receive_message_length", 256 << 20),
+                                     ("grpc.max_send_message_length", 256 << 20)])
         strata_params_pb2_grpc.add_ParameterServerServicer_to_server(  # type: ignore[no-untyped-call]
             _Servicer(self), server)
-        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        health = add_health(server, ["strata.params.v1.ParameterServer"])
+        self.port = bind(server, self.config.host, self.config.port, self._tls, call="parameter server")
         if self.port == 0:
             raise ParamServerError(f"ParameterServer.start: cannot bind {self.config.host}:{self.config.port}")
         server.start()
         self._server = server
+        if self.config.health_port is not None and health is not None:
+            self._health_server = serve_health(health, self.config.host, self.config.health_port,
+                                               call="parameter server")
+            self.health_port = self._health_server.strata_port
         return self
 
     @property
@@ -200,6 +217,9 @@ class ParameterServer:
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None
+        if self._health_server is not None:
+            self._health_server.stop(None)
+            self._health_server = None
 
 
 class _Servicer:

@@ -9,6 +9,7 @@ from device import ConfigError
 
 if TYPE_CHECKING:
     from cloud.replay._grpc import ReplayServer
+    from functions._secure import ServiceTLS
 
 
 def make_replay(
@@ -18,6 +19,7 @@ def make_replay(
     *,
     seed: int | None = None,
     address: str | None = None,
+    tls: ServiceTLS | None = None,
 ) -> Replay:
     """The one factory for replay deployments.
 
@@ -28,6 +30,7 @@ def make_replay(
         config: Table configuration; for ``"grpc"`` the server's table must have been made with it.
         seed: Seed of the sampling generator (local and shared memory; the gRPC server owns its own).
         address: ``host:port`` of the replay server, for ``"grpc"`` only.
+        tls: Mutual TLS and the per-run token of the replay server (``"grpc"`` only; default: plaintext, loopback).
     """
     if kind in ("local", "shared_memory"):
         return ReplayTable.create(signature, config, shared=kind == "shared_memory", seed=seed)
@@ -35,18 +38,21 @@ def make_replay(
         if address is None:
             raise ConfigError("make_replay: kind='grpc' needs address='host:port' of a running replay server")
         from cloud.replay._grpc import GrpcReplayClient
+        from functions._secure import PLAINTEXT
 
-        return GrpcReplayClient(address, signature=signature, config=config)
+        return GrpcReplayClient(address, signature=signature, config=config, tls=tls or PLAINTEXT)
     raise ConfigError(f"make_replay: kind={kind!r} is unknown; use 'local', 'shared_memory' or 'grpc'")
 
 
 def start_replay_server(
-    signature: Signature, config: ReplayConfig, *, address: str = "127.0.0.1:0", seed: int | None = None
+    signature: Signature, config: ReplayConfig, *, address: str = "127.0.0.1:0", seed: int | None = None,
+    tls: ServiceTLS | None = None,
 ) -> ReplayServer:
     """Start a gRPC replay server (decoupled mode) hosting a new table; connect with ``make_replay("grpc", ...)``.
 
     grpc is imported here, not at module import, so importing the cloud tier stays light.
     """
     from cloud.replay._grpc import ReplayServer
+    from functions._secure import PLAINTEXT
 
-    return ReplayServer(signature, config, address=address, seed=seed).start()
+    return ReplayServer(signature, config, address=address, seed=seed, tls=tls or PLAINTEXT).start()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from concurrent import futures
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from cloud.replay._tables import (
     save_state,
 )
 from device import WireError, pack_arrays, unpack_arrays
+from functions._secure import PLAINTEXT, ServiceTLS, add_health, bind, new_server, open_channel, refusal
 
 _MAX_MESSAGE = 64 << 20
 _CHUNK = 1 << 20
@@ -115,6 +115,7 @@ class ReplayServer:
         address: ``host:port`` to bind; port 0 picks a free one (see `address` after `start`).
         seed: Seed of the table's sampling generator.
         max_workers: Server threads; rate-limited calls hold one each while they wait.
+        tls: Mutual TLS and the per-run token (`functions._secure`); plaintext is for loopback only.
     """
 
     def __init__(
@@ -125,19 +126,30 @@ class ReplayServer:
         address: str = "127.0.0.1:0",
         seed: int | None = None,
         max_workers: int = 8,
+        tls: ServiceTLS = PLAINTEXT,
     ) -> None:
+        self._tls = tls.load("replay server")
+        host, _, port = address.rpartition(":")
+        if not port.isdigit():
+            raise ReplayError(f"ReplayServer: address {address!r} is not host:port; use e.g. 127.0.0.1:0")
+        self._host, self._port = host.strip("[]"), int(port)
         self.table = ReplayTable.create(signature, config, seed=seed)
-        self._bind = address
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS)
+        self._server = new_server(self._tls, name="replay server", max_workers=max_workers, options=_OPTIONS)
         pb_grpc.add_ReplayServiceServicer_to_server(_Servicer(self.table), self._server)  # type: ignore[no-untyped-call]
+        add_health(self._server, ["strata.replay.v1.ReplayService"])
         self.address = ""
 
     def start(self) -> ReplayServer:
         """Bind and start serving; `address` then holds the bound ``host:port``."""
-        port = self._server.add_insecure_port(self._bind)
+        try:
+            port = bind(self._server, self._host, self._port, self._tls, call="replay server")
+        except BaseException:
+            self.table.close()
+            raise
         if port == 0:
-            raise ReplayError(f"ReplayServer.start: cannot bind {self._bind!r}; pick a free port or use port 0")
-        self.address = f"{self._bind.rsplit(':', 1)[0]}:{port}"
+            raise ReplayError(f"ReplayServer.start: cannot bind {self._host}:{self._port}; pick a free port or use "
+                              "port 0")
+        self.address = f"{self._host}:{port}"
         self._server.start()
         return self
 
@@ -161,6 +173,7 @@ class GrpcReplayClient:
         signature: The signature the caller expects; checked against the server's table on connect.
         config: Optional expected config; if given, checked against the server's as well.
         connect_timeout: Seconds to wait for the server to answer the first call.
+        tls: Mutual TLS and the per-run token (`functions._secure`).
     """
 
     def __init__(
@@ -170,11 +183,23 @@ class GrpcReplayClient:
         signature: Signature,
         config: ReplayConfig | None = None,
         connect_timeout: float = 10.0,
+        tls: ServiceTLS = PLAINTEXT,
     ) -> None:
         self.address = address
-        self._channel = grpc.insecure_channel(address, options=_OPTIONS)
+        self._tls = tls.load("replay client")
+        self._channel = open_channel(address, self._tls, options=_OPTIONS, call="replay client")
         self._stub = pb_grpc.ReplayServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        info = self._call(self._stub.Info, pb.InfoRequest(), timeout=connect_timeout, wait_for_ready=True)
+        try:
+            info = self._stub.Info(pb.InfoRequest(), timeout=connect_timeout, wait_for_ready=True)
+        except grpc.RpcError as exc:
+            from functions._secure import unavailable_hint
+
+            self.close()
+            error = self._error(exc)
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # waiting for ready hides why: say both reasons
+                error = ReplayError(f"replay server at {address} did not answer within {connect_timeout:g} s: is it "
+                                    f"running?{unavailable_hint(self._tls)}")
+            raise error from exc
         theirs = {k: (tuple(shape), dt) for k, (shape, dt) in json.loads(info.signature_json).items()}
         ours = normalise_signature(signature)
         if theirs != ours:
@@ -199,6 +224,9 @@ class GrpcReplayClient:
 
     def _error(self, exc: grpc.RpcError) -> ReplayError:
         code, details = exc.code(), exc.details()
+        refused = refusal(exc, tls=self._tls)
+        if refused is not None:
+            return ReplayError(f"replay server at {self.address}: refused: {refused}")
         if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
             return ReplayError(details)
         return ReplayError(f"replay server at {self.address}: {code.name}: {details}; is the server running?")

@@ -43,6 +43,7 @@ from cloud.rollout._envs import VECTOR_ENV_MODES
 from device import RolloutBatch, require
 from functions._envservice import EnvServiceClient, ServiceUnavailableError, space_from_json
 from functions._lifetime import child_environment
+from functions._secure import PLAINTEXT, ServiceTLS, is_loopback, split_target
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +92,9 @@ class ServiceProcess:
     """One `strata envs serve` subprocess on loopback; `address` is read from its start-up line."""
 
     def __init__(self, env_id: str, *, envs: int, seed: int = 0, param_server: str = "", policy: str = "",
-                 trust: Sequence[str] = (), start_timeout_s: float = 60.0) -> None:
+                 trust: Sequence[str] = (), start_timeout_s: float = 60.0, tls: ServiceTLS = PLAINTEXT) -> None:
         cmd = [sys.executable, "-m", "cloud.cli", "envs", "serve", "--env", env_id, "--envs", str(envs),
-               "--port", "0", "--seed", str(seed)]
+               "--port", "0", "--seed", str(seed), *tls.flags()]
         if trust:
             cmd += ["--trust", *trust]
         if param_server:
@@ -132,16 +133,17 @@ class ServiceProcess:
 
 
 def start_services(env_id: str, *, count: int, envs: int, seed: int = 0, param_server: str = "",
-                   policy: str = "", trust: Sequence[str] = ()) -> list[ServiceProcess]:
+                   policy: str = "", trust: Sequence[str] = (), tls: ServiceTLS = PLAINTEXT) -> list[ServiceProcess]:
     """Start `count` env-service subprocesses of `envs` envs each (seeds spaced by `envs`).
 
-    `trust` names public-key files the services verify pushed bundles with.
+    `trust` names public-key files the services verify pushed bundles with; `tls` is the option set they serve
+    with (their clients need the same run's credentials).
     """
     started: list[ServiceProcess] = []
     try:
         for i in range(count):
             started.append(ServiceProcess(env_id, envs=envs, seed=seed + i * envs, param_server=param_server,
-                                          policy=policy, trust=trust))
+                                          policy=policy, trust=trust, tls=tls))
     except BaseException:
         for p in started:
             p.stop()
@@ -157,6 +159,44 @@ def parse_services(spec: str | Sequence[str]) -> list[str]:
     if not out or bad:
         raise DecoupledError(f"env services {spec!r}: expected HOST:PORT[,HOST:PORT...], bad entries {bad}")
     return out
+
+
+def discover_services(spec: str | Sequence[str], *, resolve: Any = None) -> list[tuple[str, str]]:
+    """``(target, server name)`` of every env service `spec` names (`parse_services` form).
+
+    An entry whose host is a DNS name (not ``localhost``) is resolved now, and each of its addresses is one service:
+    a Kubernetes headless Service's name lists every ready env-service pod. Their certificates are checked against
+    that name (the server name), not the address. IPv4 addresses are used when the name has any.
+    """
+    import socket
+
+    lookup = resolve or socket.getaddrinfo
+    out: list[tuple[str, str]] = []
+    for target in parse_services(spec):
+        host, port = split_target(target)
+        if is_loopback(host) or _is_address(host):
+            out.append((target, ""))
+            continue
+        try:
+            infos = lookup(host, int(port), type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise DecoupledError(f"env services: cannot resolve {host!r} ({exc}); pass HOST:PORT of running "
+                                 "services") from None
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        v4 = [a for a in addresses if ":" not in a]
+        for address in v4 or addresses:
+            out.append((f"[{address}]:{port}" if ":" in address else f"{address}:{port}", host))
+    return out
+
+
+def _is_address(host: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 # -- fragments ---------------------------------------------------------------------------------------
@@ -177,10 +217,11 @@ class FragmentSource:
 
     def __init__(self, addresses: Sequence[str], *, steps: int, timeout_s: float = 5.0, inflight: int = 2,
                  codec: str = "", gate: StalenessGate | None = None, refresh_policy: bool = False,
-                 owned: Sequence[ServiceProcess] = ()) -> None:
+                 owned: Sequence[ServiceProcess] = (), tls: ServiceTLS = PLAINTEXT) -> None:
         if steps < 1 or inflight < 1:
             raise DecoupledError(f"FragmentSource: steps={steps} and inflight={inflight} must be >= 1")
-        self.clients = [EnvServiceClient(a, timeout_s=timeout_s) for a in parse_services(addresses)]
+        self.clients = [EnvServiceClient(a, timeout_s=timeout_s, tls=tls, server_name=name)
+                        for a, name in discover_services(addresses)]
         self.steps = steps
         self.inflight = inflight
         self.codec = codec
@@ -299,13 +340,14 @@ def decoupled_vector_env_class() -> type:
 
 def make_decoupled_vector_env(env_id: str, *, num_envs: int, seed: int, services: str | Sequence[str] = "",
                               envs_per_service: int = 0, spares: int = 0, timeout_s: float = 5.0,
-                              autoreset: str = "same_step") -> Any:
+                              autoreset: str = "same_step", tls: ServiceTLS = PLAINTEXT) -> Any:
     """A `DecoupledVectorEnv` over `services` (``HOST:PORT,...``), or over services it starts itself.
 
     Registered as the `cloud.rollout._envs.make_vector_env` builder of ``mode="decoupled"`` (below). With no
     `services` it starts ``num_envs / envs_per_service + spares`` `strata envs serve` subprocesses
     (``envs_per_service`` 0: two services when `num_envs` is even, else one) and stops them on
-    ``close()``. The env is reset with `seed` before it is returned.
+    ``close()``. The env is reset with `seed` before it is returned. `tls` secures the connections (and the
+    services it starts).
     """
     started: list[ServiceProcess] = []
     if services:
@@ -315,10 +357,11 @@ def make_decoupled_vector_env(env_id: str, *, num_envs: int, seed: int, services
         if num_envs % per:
             raise DecoupledError(f"make_decoupled_vector_env: num_envs={num_envs} is not a multiple of "
                                  f"envs_per_service={per}")
-        started = start_services(env_id, count=num_envs // per + spares, envs=per, seed=seed)
+        started = start_services(env_id, count=num_envs // per + spares, envs=per, seed=seed, tls=tls)
         addresses = [p.address for p in started]
     try:
-        env = decoupled_vector_env_class()(addresses, num_envs=num_envs, timeout_s=timeout_s, autoreset=autoreset)
+        env = decoupled_vector_env_class()(addresses, num_envs=num_envs, timeout_s=timeout_s, autoreset=autoreset,
+                                           tls=tls)
     except BaseException:
         for p in started:
             p.stop()
@@ -337,11 +380,12 @@ class _DecoupledVectorEnvImpl:
     """
 
     def __init__(self, addresses: Sequence[str], *, num_envs: int | None = None, timeout_s: float = 5.0,
-                 autoreset: str = "same_step") -> None:
+                 autoreset: str = "same_step", tls: ServiceTLS = PLAINTEXT) -> None:
         gym = require("gymnasium", extra="cloud", purpose="the decoupled vector env")
         from gymnasium.vector.utils import batch_space
 
-        clients = [EnvServiceClient(a, timeout_s=timeout_s) for a in parse_services(addresses)]
+        clients = [EnvServiceClient(a, timeout_s=timeout_s, tls=tls, server_name=name)
+                   for a, name in discover_services(addresses)]
         specs = [c.spec() for c in clients]
         first = specs[0]
         for s, c in zip(specs, clients, strict=True):

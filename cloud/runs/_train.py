@@ -41,12 +41,16 @@ import numpy as np
 
 from cloud.learners._ppo_config import PPOConfig
 from cloud.rollout._collector import Episode
+from cloud.rollout._edge import EdgeLedger, EdgeSourceConfig
 from cloud.rollout._envs import make_vector_env, probe_spaces
+from cloud.runs._checkpoint import latest_checkpoint
 from cloud.runs._progress import Progress
 from cloud.runs._run import RunSession, RunSpec, open_run
 from cloud.runs._stop import ROLLING_EVERY_S
 from cloud.switching._modes import (
-    FRAGMENT_MODES,
+    BUNDLE_MODES,
+    EDGE_MODE,
+    EdgeWiring,
     JobControl,
     PolicyPublisher,
     SwitchingConfig,
@@ -172,6 +176,7 @@ def train(
     switching: SwitchingConfig | None = None,
     rules: SwitchRules | None = None,
     resume_command: str | None = None,
+    edge: EdgeSourceConfig | None = None,
 ) -> TrainResult:
     """Train PPO on `env_id` until `total_steps` env steps (over the lineage) or `target_return` is reached.
 
@@ -197,6 +202,7 @@ def train(
         rules: Automatic switching rules (default: none; manual switches only).
         resume_command: The command the stop line tells the user to run (default: the basic
             ``strata train ... --resume``).
+        edge: The ``edge`` mode's broker, fleet and staleness handling (needed when `switching` names it).
 
     Raises:
         ConfigError: Bad arguments, an env with unsupported spaces, a fresh run into a dir that
@@ -210,7 +216,7 @@ def train(
     config = config or (PPOConfig.from_dict(state["config"]) if state else PPOConfig())
     with RunSession(spec, start_version=int(state["version"]) if state else 0, log=log) as session:
         run = PPORun(spec, session, config=config, state=state, target=target, log=log,
-                     switching=switching or SwitchingConfig(control=False), rules=rules or SwitchRules())
+                     switching=switching or SwitchingConfig(control=False), rules=rules or SwitchRules(), edge=edge)
         try:
             with Progress(total_steps, run.global_step, log=log, env_id=env_id,
                           enabled=sys.stdout.isatty() if progress is None else progress) as display:
@@ -244,7 +250,7 @@ class PPORun:
 
     def __init__(self, spec: RunSpec, session: RunSession, *, config: PPOConfig, state: dict[str, Any] | None,
                  target: TargetCheck, switching: SwitchingConfig, rules: SwitchRules,
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None], edge: EdgeSourceConfig | None = None) -> None:
         torch = require("torch", extra="cloud", purpose="the PPO learner")
         from cloud.learners._ppo import PPOLearner
 
@@ -258,7 +264,11 @@ class PPORun:
         obs_space, action_space = probe_spaces(spec.env_id)
         self.learner = PPOLearner(obs_space, action_space, config, state)
         self.spaces = {"observation_space": space_to_json(obs_space), "action_space": space_to_json(action_space)}
-        self.switcher = self._build_switcher(switching, rules)
+        self.edge_ledger: EdgeLedger | None = None
+        """What the edge mode has learned from (record ids go into every checkpoint), when the run has that mode."""
+        if EDGE_MODE in switching.modes:
+            self.edge_ledger = EdgeLedger((state or {}).get("edge"), resumed_version=self.version)
+        self.switcher = self._build_switcher(switching, rules, edge)
         session.on_close(self.switcher.close)
         control = JobControl(self.switcher, env_id=spec.env_id, run_dir=spec.run_dir) if switching.control else None
         session.begin(mode=self.switcher.mode, step=self.global_step, version=self.version, control=control)
@@ -273,19 +283,35 @@ class PPORun:
         self.started, self.cpu_started = time.perf_counter(), time.process_time()
         self.start_step = self.global_step
 
-    def _build_switcher(self, switching: SwitchingConfig, rules: SwitchRules) -> Any:
+    def _build_switcher(self, switching: SwitchingConfig, rules: SwitchRules,
+                        edge: EdgeSourceConfig | None) -> Any:
         spec, learner = self.spec, self.learner
         publisher = None
-        if any(m in FRAGMENT_MODES for m in switching.modes):
+        wiring = None
+        if self.edge_ledger is not None:
+            if edge is None:
+                raise ConfigError("train: mode edge needs --edge-broker mqtt://HOST:PORT and --edge-fleet NAME")
+            edge.check_ready()
+            wiring = EdgeWiring(config=edge, observation_space=self.spaces["observation_space"],
+                                action_space=self.spaces["action_space"], ledger=self.edge_ledger,
+                                checkpointed=lambda: _newest_version(spec.run_dir))
+        if any(m in BUNDLE_MODES for m in switching.modes):
+            producer = None
+            if edge is not None and self.edge_ledger is not None:
+                from edge._experience import ExperienceRequest
+
+                producer = ExperienceRequest(actions=edge.edge_actions, steps=self.config.num_steps,
+                                             noise_std=edge.edge_noise_std).to_producer()
             publisher = PolicyPublisher(spec.run_dir, agent=learner.agent, normalizer=learner.normalizer,
                                         obs_space=self.spaces["observation_space"],
                                         action_space=self.spaces["action_space"],
-                                        policy=spec.env_id.split("-")[0].lower())
+                                        policy=(edge.edge_policy if edge is not None and edge.edge_policy
+                                                else spec.env_id.split("-")[0].lower()), producer=producer)
         env_seed = spec.seed if self.version == 0 else spec.seed + 104729 * self.version
         return build_switcher(env_id=spec.env_id, config=self.config, switching=switching, rules=rules,
                               run_dir=spec.run_dir, seed=env_seed, agent=learner.agent,
                               normalizer=learner.normalizer, publisher=publisher, log=self.log,
-                              first_version=self.version)
+                              first_version=self.version, edge=wiring)
 
     @property
     def elapsed(self) -> float:
@@ -335,11 +361,14 @@ class PPORun:
     def publish(self, values: dict[str, float], display: Progress) -> None:
         """The update's figures to metrics.jsonl, the progress display and the control endpoint."""
         steps_per_s = values["perf/env_steps_per_s"]
+        if self.edge_ledger is not None:
+            values |= edge_metrics(self.edge_ledger, self.version)
         self.session.log(global_step=self.global_step, policy_version=self.version, values=values)
         display.update(self.global_step, self.mean_return, steps_per_s, mode=self.switcher.mode)
+        edge = {} if self.edge_ledger is None else {"edge": self.edge_ledger.status(policy_version=self.version)}
         self.session.status(state="training", step=self.global_step, policy_version=self.version,
                             mean_return=None if np.isnan(self.mean_return) else self.mean_return,
-                            env_steps_per_s=steps_per_s)
+                            env_steps_per_s=steps_per_s, **edge)
 
     def decide_to_stop(self) -> None:
         """Set `solved_at_step` when the target is reached: the crossing, or a passed confirmation."""
@@ -364,9 +393,10 @@ class PPORun:
 
     def commit(self) -> None:
         """The update is complete: its state becomes what any stop checkpoints."""
+        edge = {} if self.edge_ledger is None else {"edge": self.edge_ledger.state_dict()}
         self.session.commit({"algo": "ppo", "env_id": self.spec.env_id, "seed": self.spec.seed,
                              "version": self.version, "global_step": self.global_step,
-                             "config": self.config.to_dict(), **self.spaces, **self.learner.state_dict()})
+                             "config": self.config.to_dict(), **self.spaces, **self.learner.state_dict(), **edge})
 
     def result(self, checkpoint: Path | None) -> TrainResult:
         """What the run did (a resumed run already at its budget reports its newest checkpoint)."""
@@ -383,6 +413,22 @@ class PPORun:
     def accounting(self) -> dict[str, int]:
         """Transitions ``produced`` by the sources; ``consumed``, ``duplicates`` and ``gaps`` seen by the learner."""
         return {"produced": self.switcher.produced(), **self.switcher.accounting.check()}
+
+
+def _newest_version(run_dir: Path) -> int:
+    """Version of the newest checkpoint on disk, -1 when there is none."""
+    newest = latest_checkpoint(run_dir)
+    return int(newest.stem) if newest is not None else -1
+
+
+def edge_metrics(ledger: EdgeLedger, version: int) -> dict[str, float]:
+    """The edge mode's figures for metrics.jsonl (namespaced ``edge/``)."""
+    status = ledger.status(policy_version=version)
+    values = {f"edge/{k}": float(status[k]) for k in ("records", "transitions", "duplicates_wire",
+                                                       "duplicates_learner", "refused_stale", "pending")}
+    if status["staleness_mean"] is not None:
+        values["edge/staleness_mean"] = float(status["staleness_mean"])
+    return values
 
 
 def evaluate_greedy(agent: Any, normalizer: Any, env_id: str, *, episodes: int, seed: int, mode: str = "sync") -> float:

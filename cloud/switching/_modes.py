@@ -7,9 +7,12 @@ Modes a run can use (``--modes``, the first is where it starts):
     decoupled   batched gRPC env services (started by the job, or ``--env-services``)
     fragments   gRPC env services acting with the exported policy, whole fragments back
     functions   serverless rollout functions acting with the exported policy (local runtime or AWS)
+    edge        the fleet's experience over MQTT (`cloud.rollout._edge`): edge agents act with the published
+                policy, ingesters store their records once, the learner learns from each exactly once
 
-Fragment modes need the current policy as a signed bundle: the job exports it once per version with
-a signing key of its own run dir (``run_dir/keys``), and hands the hosts the public key.
+Fragment modes and the edge mode need the current policy as a signed bundle: the job exports it once per
+version with a signing key of its own run dir (``run_dir/keys``), and hands the hosts the public key (edge
+agents must trust it: ``--trust RUN_DIR/keys/strata-signing.pub``).
 """
 
 from __future__ import annotations
@@ -21,12 +24,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cloud._errors import CloudError
+from cloud.rollout._edge import EdgeLedger, EdgeSourceConfig
 from cloud.rollout._sources import FragmentFeed, RolloutSource, VectorEnvSource
 from cloud.switching._control import RunStatus
 from cloud.switching._switcher import Switcher, SwitchRules
 from device import ConfigError
+from functions._secure import PLAINTEXT, ServiceTLS
 
 FRAGMENT_MODES = ("fragments", "functions")
+EDGE_MODE = "edge"
+BUNDLE_MODES = (*FRAGMENT_MODES, EDGE_MODE)
+"""Modes that need the learner's policy as a signed bundle (`PolicyPublisher`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,16 +54,33 @@ class SwitchingConfig:
     are stateless, so each stream's running episode travels with the invocation and the next one continues it
     (functions/_envstate.py); for an env without an env-state codec episodes end at this length."""
     env_services: str = ""
-    """``HOST:PORT,...`` of running env services for ``decoupled``; empty: the job starts its own."""
+    """``HOST:PORT,...`` of running env services for ``decoupled``; empty: the job starts its own. A DNS name
+    with several addresses (a headless Service) is one service per address."""
     control: bool = True
     """Serve the control endpoint (``strata switch``/``status``) on loopback while the job runs."""
+    tls: ServiceTLS = PLAINTEXT
+    """How the job's gRPC connections off this host are secured: to ``env_services``, and the hybrid units'
+    parameter server (the --tls-* flags, `functions._secure`)."""
+
+
+def switching_from_args(args: Any, **overrides: Any) -> SwitchingConfig:
+    """`SwitchingConfig` from `strata train`'s flags; its `tls` from the --tls-* flags and ``STRATA_TLS_*``.
+
+    The TLS files are read and checked here, before any work starts.
+    """
+    from device import config_from_args
+    from functions._secure import service_tls_from_args
+
+    tls = service_tls_from_args(args)
+    tls.load("strata train")
+    return config_from_args(SwitchingConfig, args, tls=tls, **overrides)
 
 
 class PolicyPublisher:
     """Exports the learner's current policy as a signed bundle, once per version."""
 
     def __init__(self, run_dir: Path, *, agent: Any, normalizer: Any, obs_space: dict[str, Any],
-                 action_space: dict[str, Any], policy: str) -> None:
+                 action_space: dict[str, Any], policy: str, producer: dict[str, str] | None = None) -> None:
         from device import generate_keypair, load_signing_key
 
         keys = Path(run_dir) / "keys"
@@ -65,6 +90,7 @@ class PolicyPublisher:
         self._key = load_signing_key(key_path)
         self._agent, self._normalizer = agent, normalizer
         self._obs_space, self._action_space, self._policy = obs_space, action_space, policy
+        self._producer = {"algo": "ppo", "purpose": "acting policy of a fragment source", **(producer or {})}
         self._cache: tuple[int, bytes] | None = None
 
     def bundle(self, version: int) -> bytes:
@@ -80,43 +106,64 @@ class PolicyPublisher:
         data = build_bundle(model, policy=self._policy, version=version + 1, parent_version=version or None,
                             observation_space=self._obs_space, action_space=self._action_space,
                             signing_key=self._key, output_names=output_names(self._action_space),
-                            producer={"algo": "ppo", "purpose": "acting policy of a fragment source"}).to_bytes()
+                            producer=self._producer).to_bytes()
         self._cache = (version, data)
         return data
 
 
 def check_exploration(config: Any, modes: tuple[str, ...]) -> None:
-    """Refuse gSDE in fragment modes: their remote actors add plain Gaussian noise, not the learner's policy."""
-    fragment_modes = [m for m in modes if m in FRAGMENT_MODES]
+    """Refuse gSDE in fragment and edge modes: their remote actors add plain Gaussian noise, not the learner's."""
+    fragment_modes = [m for m in modes if m in BUNDLE_MODES]
     if fragment_modes and getattr(config, "use_sde", False):
         raise ConfigError(f"train: --use-sde cannot run in mode {fragment_modes[0]}: its remote actors add plain "
                           "Gaussian noise, so their actions would not follow the learner's policy; drop --use-sde "
                           "or that mode")
 
 
+@dataclass(frozen=True, kw_only=True)
+class EdgeWiring:
+    """What the ``edge`` mode needs from the run besides its config: spaces, resume state, checkpoint progress."""
+
+    config: EdgeSourceConfig
+    observation_space: dict[str, Any]
+    action_space: dict[str, Any]
+    ledger: EdgeLedger
+    """What the run has learned from (restored from the checkpoint); every edge source of the run shares it."""
+    checkpointed: Callable[[], int] = lambda: -1
+    """Version of the newest checkpoint on disk (-1: none)."""
+
+
 def build_switcher(*, env_id: str, config: Any, switching: SwitchingConfig, rules: SwitchRules, run_dir: Path,
                    seed: int, agent: Any, normalizer: Any, publisher: PolicyPublisher | None,
                    log: Callable[[str], None], first_version: int = 0,
-                   colocated_workers: int | None = None) -> Switcher:
+                   colocated_workers: int | None = None, edge: EdgeWiring | None = None) -> Switcher:
     """A `Switcher` over the run's modes; `config` is the run's `PPOConfig`, `first_version` its current version.
 
-    `colocated_workers` fixes the worker processes of the ``colocated`` mode's pool (None: its own choice).
+    `colocated_workers` fixes the worker processes of the ``colocated`` mode's pool (None: its own choice); `edge`
+    wires the ``edge`` mode.
     """
     from cloud.rollout._envs import VECTOR_ENV_MODES, make_vector_env
 
     modes = switching.modes or (config.env_mode,)
-    unknown = [m for m in modes if m not in VECTOR_ENV_MODES and m not in FRAGMENT_MODES]
+    known = {*VECTOR_ENV_MODES, *FRAGMENT_MODES, EDGE_MODE}
+    unknown = [m for m in modes if m not in known]
     if unknown:
-        raise ConfigError(f"train: modes {unknown} are not known; choose from "
-                          f"{sorted({*VECTOR_ENV_MODES, *FRAGMENT_MODES})}")
+        raise ConfigError(f"train: modes {unknown} are not known; choose from {sorted(known)}")
     if len(set(modes)) != len(modes):
         raise ConfigError(f"train: --modes {','.join(modes)} names a mode twice")
     check_exploration(config, modes)
-    if any(m in FRAGMENT_MODES for m in modes) and publisher is None:
-        raise ConfigError("train: fragment modes need a policy publisher")
+    if any(m in BUNDLE_MODES for m in modes) and publisher is None:
+        raise ConfigError("train: fragment and edge modes need a policy publisher")
+    if EDGE_MODE in modes and edge is None:
+        raise ConfigError("train: mode edge needs --edge-broker and --edge-fleet")
     builders: dict[str, Callable[[], RolloutSource]] = {}
     for index, mode in enumerate(modes):
         mode_seed = seed + 1_000_003 * index  # every mode has streams of its own
+        if mode == EDGE_MODE:
+            assert publisher is not None and edge is not None
+            builders[mode] = _edge_builder(edge, config=config, run_dir=run_dir, agent=agent, normalizer=normalizer,
+                                           publisher=publisher, log=log)
+            continue
         if mode in FRAGMENT_MODES:
             assert publisher is not None
             builders[mode] = _fragment_builder(mode, env_id=env_id, config=config, switching=switching,
@@ -129,7 +176,7 @@ def build_switcher(*, env_id: str, config: Any, switching: SwitchingConfig, rule
                 from cloud.rollout._decoupled import make_decoupled_vector_env
 
                 return make_decoupled_vector_env(env_id, num_envs=config.num_envs, seed=mode_seed,
-                                                 services=switching.env_services)
+                                                 services=switching.env_services, tls=switching.tls)
             if mode == "colocated" and colocated_workers is not None:
                 from cloud.rollout._colocated import ColocatedConfig, build_colocated_vector_env
 
@@ -172,6 +219,21 @@ def measure_env(env_id: str, *, seconds: float = 0.3) -> dict[str, float]:
     finally:
         tracemalloc.stop()
     return {"steps_per_s": rate, "bytes": float(peak)}
+
+
+def _edge_builder(edge: EdgeWiring, *, config: Any, run_dir: Path, agent: Any, normalizer: Any,
+                  publisher: PolicyPublisher, log: Callable[[str], None]) -> Callable[[], RolloutSource]:
+    from cloud.rollout._edge import EdgeSource
+
+    edge.config.check_ready()  # before anything starts
+
+    def build() -> RolloutSource:
+        return EdgeSource(edge.config, run_dir=run_dir, observation_space=edge.observation_space,
+                          action_space=edge.action_space, bundle_for=publisher.bundle, agent=agent,
+                          normalizer=normalizer, num_envs=config.num_envs, num_steps=config.num_steps,
+                          ledger=edge.ledger, checkpointed=edge.checkpointed, log=log)
+
+    return build
 
 
 def _fragment_builder(mode: str, *, env_id: str, config: Any, switching: SwitchingConfig, seed: int, agent: Any,

@@ -21,7 +21,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def test_demo_writes_a_report(tmp_path: Path) -> None:
     out = tmp_path / "report"
     result = run_strata("demo", "--out", str(out), "--seed", "1", "--total-steps", "4096", "--switch-at", "1024",
-                        "--edge-nodes", "3", "--devices", "2", timeout=300)
+                        "--edge-nodes", "3", "--devices", "2", "--fleet-training-steps", "2048", timeout=300)
     assert result.returncode == 0, result.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["env_steps"] == 4096 and summary["eval_episodes"] == 20
@@ -36,16 +36,29 @@ def test_demo_writes_a_report(tmp_path: Path) -> None:
     assert [n["node"] for n in nodes] == ["edge-0", "edge-1", "edge-2"]
     assert all(n["online"] and n["version"] == summary["bundle_version"] for n in nodes)
     assert [d["device"] for d in summary["fleet"]["devices"]] == ["device-0", "device-1"]
-    for name in ("learning_curve.png", "throughput_by_mode.png"):
+    # The fleet trained a fresh policy from its experience alone, each record once.
+    trained = summary["fleet_training"]
+    assert trained["env_steps"] == trained["transitions"] == trained["records"] * 32 == 2048
+    assert trained["duplicates_in_learner"] == trained["gaps"] == 0 and trained["staleness"]["max"] is not None
+    for name in ("learning_curve.png", "throughput_by_mode.png", "fleet_training.png"):
         assert (out / name).read_bytes()[:8] == PNG
     report = (out / "summary.md").read_text()
     assert "![learning curve](learning_curve.png)" in report and "phase schedule" in report
+    assert "## The fleet trains the policy" in report and "![fleet training](fleet_training.png)" in report
     assert "edge-2" in (out / "fleet.txt").read_text()
     assert (out / "policy.bundle").exists() and (out / "micro.bundle").exists()
     assert "eval mean return" in result.stdout and f"report in {out}/" in result.stdout
     # A second run (in-process, training only) replaces the demo's run dir instead of failing on its checkpoints.
     assert run_demo(DemoConfig(out=str(out), total_steps=256, fleet=False)) == 0
     assert json.loads((out / "summary.json").read_text())["env_steps"] == 256
+
+
+def test_demo_refuses_a_bad_fleet_training_value_before_any_stage(tmp_path: Path) -> None:
+    for flag, value in (("--fleet-training-steps", "0"), ("--fleet-training-nodes", "0"),
+                        ("--fleet-training-nodes", "17")):
+        result = run_strata("demo", "--out", str(tmp_path / "report"), flag, value, timeout=120)
+        assert result.returncode == 2 and f"{flag} {value} must be" in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "report").exists()
 
 
 def _children(pid: int) -> set[int]:

@@ -205,10 +205,17 @@ def test_experience_records_reach_the_learner_side(tmp_path: Path, mosquitto: Mo
         with running_agents([config]) as (agent,):
             wait_until(lambda: agent.counters.steps >= 64 * 5, what="steps")
             wait_until(lambda: len(got) == 5, what="five experience records")
-    assert [e.record_id for e in got] == sorted(e.record_id for e in got)
-    seqs = [int(s) for e in got for s in e.batch.seq.ravel()]
-    assert seqs == list(range(64 * 5))  # per-stream sequence numbers: nothing lost, nothing repeated
+            kept = agent.outbox.stats().pending
+    assert [e.record_id for e in got] == list(range(1, 6))
+    # Every transition is named (edge:{node}:{record_id}, column, step): nothing repeated, no step missing.
+    ids = [i for e in got for i in e.batch.transition_ids()]
+    assert len(set(ids)) == len(ids) == 64 * 5
+    assert all(sorted(int(s) for s in e.batch.seq.ravel()) == list(range(64)) for e in got)
     assert {int(v) for e in got for v in e.batch.policy_version.ravel()} == {1}  # every decision tagged
+    # Sampled actions (the node's default without a request): the behaviour log-probs travel with them.
+    assert all(e.batch.behaviour_logprobs is not None and (e.batch.behaviour_logprobs <= 0).all() for e in got)
+    # Nobody receipted them: the outbox keeps every record (a learner's ingester would confirm them).
+    assert agent.counters.receipts == 0 and kept >= 5
 
 
 def test_publisher_offer_publishes_every_nth_version(mosquitto: Mosquitto, tmp_path: Path, keys: Keys) -> None:

@@ -27,7 +27,7 @@ from device import (
     mqtt_client_id,
 )
 from device._mqtt_access import MQTT_ACCESS
-from infra._iot import iot_fleet, node_grants, policy_document
+from infra._iot import iot_fleet, learner_grants, learner_policy_document, node_grants, policy_document
 from tests.cloud.test_distill import cartpole_teacher_model
 from tests.conftest import MosquittoFactory
 
@@ -58,6 +58,7 @@ def broker_operations(log: str, clients: set[str]) -> list[tuple[str, str, str]]
     ops: list[tuple[str, str, str]] = []
     lines = [m.group("text") if (m := _LINE.match(raw)) else raw for raw in log.splitlines()]
     context: tuple[str, str] | None = None  # ("subscribe" | "will", client) while its indented lines follow
+    connecting: str | None = None  # the client of the last CONNECT (a will belongs to it, whoever it is)
     for text in lines:
         if text.startswith("\t") and context is not None:
             kind, who = context
@@ -70,11 +71,12 @@ def broker_operations(log: str, clients: set[str]) -> list[tuple[str, str, str]]
             continue  # Mosquitto's per-topic line after each topic of a SUBSCRIBE ("client qos topic")
         context = None
         if m := re.match(r"New client connected from \S+ as (\S+) ", text):
+            connecting = m.group(1)
             if m.group(1) in clients:
                 ops.append(("iot:Connect", m.group(1), f"client/{m.group(1)}"))
         elif m := re.match(r"Will message specified \(\d+ bytes\) \(r(\d), q\d\)\.", text):
-            who = ops[-1][1] if ops and ops[-1][0] == "iot:Connect" else None
-            if who is not None:
+            who = connecting
+            if who is not None and who in clients:
                 context = ("will", who)
                 if m.group(1) == "1":
                     ops.append(("will-retained", who, ""))
@@ -104,7 +106,7 @@ def test_the_policy_is_derived_from_the_access_table_and_grants_retained_publish
     grants = node_grants("dev.lab", "n1")
     assert grants["iot:RetainPublish"] == ["topic/strata/dev.lab/edges/n1/device-policy",
                                            "topic/strata/dev.lab/nodes/n1/status"]
-    assert len(grants["iot:Publish"]) == len([a for a in MQTT_ACCESS if a.op == "publish"])
+    assert len(grants["iot:Publish"]) == len([a for a in MQTT_ACCESS if a.op == "publish" and a.role != "learner"])
     assert "topicfilter/strata/dev.lab/edges/n1/devices/*/request" in grants["iot:Subscribe"]
     assert grants["iot:Connect"] == ["client/dev.lab.n1", "client/dev.lab.n1.device.*", "client/dev.lab.n1.gateway"]
 
@@ -123,10 +125,37 @@ def test_two_stages_whose_names_are_prefixes_share_no_topic_and_no_client_id() -
     assert not any(allowed(dev, a, r) for a, r in probes)
 
 
+def test_the_learner_policy_grants_shared_experience_receipts_and_policies_and_no_node_grants_any_of_it() -> None:
+    fleet = iot_fleet("dev", "lab")
+    grants = learner_grants(fleet)
+    assert grants["iot:Subscribe"] == [f"topicfilter/$share/strata-learner/strata/{fleet}/nodes/*/experience"]
+    assert grants["iot:Receive"] == [f"topic/strata/{fleet}/nodes/*/experience"]
+    assert f"topic/strata/{fleet}/nodes/*/receipt" in grants["iot:Publish"]
+    assert grants["iot:Connect"] == [f"client/{fleet}.learner.*"]
+    node = policy_document(partition="aws", region="us-east-1", account="123456789012", fleet=fleet, node="n1")
+    learner_only = [("iot:Subscribe", f"topicfilter/$share/strata-learner/strata/{fleet}/nodes/+/experience"),
+                    ("iot:Subscribe", f"topicfilter/strata/{fleet}/nodes/+/experience"),
+                    ("iot:Receive", f"topic/strata/{fleet}/nodes/n2/experience"),
+                    ("iot:Publish", f"topic/strata/{fleet}/nodes/n1/receipt"),
+                    ("iot:Publish", f"topic/strata/{fleet}/nodes/n2/receipt"),
+                    ("iot:Publish", f"topic/strata/{fleet}/policies/cartpole/latest"),
+                    ("iot:Publish", f"topic/strata/{fleet}/announce"),
+                    ("iot:Connect", f"client/{fleet}.learner.ingest-0")]
+    assert [probe for probe in learner_only if allowed(node, *probe)] == []  # a node reads no other node's records
+    learner = learner_policy_document(partition="aws", region="us-east-1", account="123456789012", fleet=fleet)
+    node_only = [("iot:Publish", f"topic/strata/{fleet}/nodes/n1/experience"),
+                 ("iot:Publish", f"topic/strata/{fleet}/nodes/n1/status"),
+                 ("iot:Subscribe", f"topicfilter/strata/{fleet}/nodes/n1/receipt"),
+                 ("iot:Connect", f"client/{fleet}.n1")]
+    assert [probe for probe in node_only if allowed(learner, *probe)] == []  # nor forges a node's
+
+
 @pytest.mark.timeout(600)
 def test_every_operation_of_a_live_agent_gateway_and_device_is_granted_and_every_grant_is_used(
         mosquitto_factory: MosquittoFactory, tmp_path: Path) -> None:
-    from edge import Publisher, publish_bundle
+    from edge import Publisher
+    from edge._ingest import ExperienceIngester, IngestConfig
+    from edge._topics import ExperienceSpec
     from tests.edge._agents import agent_config, running_agents, wait_until
 
     broker = mosquitto_factory(["log_type all"])
@@ -145,8 +174,14 @@ def test_every_operation_of_a_live_agent_gateway_and_device_is_granted_and_every
                          signing_key=signing, target_tier="device", output_names=("action", "logits"))
     config = agent_config(tmp_path, node, keys / "strata-signing.pub", broker.url, fleet=fleet,
                           serve_devices=True, experience_steps=20)
+    # The learner's clients: an experience ingester (shared subscription, receipts) and its policy publisher.
+    ingester = ExperienceIngester(
+        IngestConfig(broker=broker.url, fleet=fleet, spool=str(tmp_path / "spool.sqlite"), spaces="-"),
+        spec=ExperienceSpec(observation_space=OBS, action_space={"type": "Discrete", "n": 2})).start()
+    learner_publisher = Publisher(broker=broker.url, fleet=fleet,
+                                  client_id=mqtt_client_id("learner", fleet=fleet, node="publisher"))
     with running_agents([config]) as (agent,):
-        publish_bundle(big, broker=broker.url, fleet=fleet)
+        learner_publisher.publish(big)
         assert agent.wait_for_version(3, timeout=120)
         wait_until(lambda: agent.gateway is not None and agent.gateway.connected, what="gateway link")
         with Publisher(broker=broker.url, fleet=fleet) as cloud:  # the fleet's device bundle, relayed retained
@@ -157,16 +192,27 @@ def test_every_operation_of_a_live_agent_gateway_and_device_is_granted_and_every
             assert runtime.wait_for_policy(60).manifest.target_tier == "device"
             decision = runtime.controller().decide(np.array([0.0, 0.0, 0.001, 0.0], np.float32))
         assert decision.tier == "edge"
-        wait_until(lambda: agent.counters.telemetry_records >= 1 and agent.counters.experience_records >= 1
-                   and agent.outbox.stats().pending == 0, what="telemetry and experience records sent and acked")
+        wait_until(lambda: agent.counters.telemetry_records >= 1 and agent.counters.receipts >= 1,
+                   what="telemetry sent, experience records receipted by the learner")
+    ingester.close()
+    learner_publisher.close()
     # The agent hosts its gateway on its own link; a gateway run on its own connects as itself.
     from edge._gateway import EdgeGateway, GatewayConfig
 
     EdgeGateway(GatewayConfig(broker=broker.url, fleet=fleet, node=node), policy_source=lambda: None,
                 trust=trust).start().close()
     clients = {mqtt_client_id(r, fleet=fleet, node=node, device="d1") for r in ("agent", "gateway", "device")}
+    learners = {mqtt_client_id("learner", fleet=fleet, node=name) for name in ("ingest-0", "publisher")}
     broker.stop()  # flush the log
-    ops = broker_operations(broker.log_path.read_text(), clients)
+    log = broker.log_path.read_text()
+    learner_ops = broker_operations(log, learners)
+    learner_doc = learner_policy_document(partition="aws", region="us-east-1", account="123456789012", fleet=fleet)
+    assert [op for op in learner_ops if not allowed(learner_doc, op[0], op[2])] == []
+    assert {a for a, _, _ in learner_ops} == {"iot:Connect", "iot:Subscribe", "iot:Receive", "iot:Publish",
+                                              "iot:RetainPublish"}
+    learner_used = {p for a, _, r in learner_ops for p in used_grants(learner_doc, a, r)}
+    assert [p for s in learner_doc["Statement"] for p in s["Resource"] if p not in learner_used] == []
+    ops = broker_operations(log, clients)
     doc = policy_document(partition="aws", region="us-east-1", account="123456789012", fleet=fleet, node=node)
     refused = [op for op in ops if not allowed(doc, op[0], op[2])]
     assert refused == []
