@@ -77,8 +77,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="also checkpoint every this many updates (SAC: commits of --log-every env steps; "
                        "default: %(default)s); every stop writes one")
     train.add_argument("--rolling-checkpoint-s", type=seconds, default=ROLLING_EVERY_S, metavar="SECONDS",
-                       help="write the newest update in the background at most this often, so a kill -9 loses at "
-                       "most about this long of training (0: every update; default: %(default)s)")
+                       help="seconds between two rolling checkpoints, what a kill -9 resumes from (default: "
+                       "%(default)s, every update: a kill -9 loses at most one update; N: the newest update at most "
+                       "every N s, so a kill -9 loses about N s of training)")
     add_config_arguments(train.add_argument_group("PPO hyperparameters (PPOConfig)"), PPOConfig)
     add_config_arguments(train.add_argument_group(
         "SAC hyperparameters (SACConfig, --algo sac; the PPO flags SAC shares, such as --gamma, --hidden-sizes and "
@@ -277,6 +278,13 @@ def _train_sac(args: argparse.Namespace) -> int:
     newest = latest_checkpoint(args.run_dir) if args.resume else None
     if newest is not None:  # the checkpoint's hyperparameters, unless flags override them
         state = load_checkpoint(newest)
+        if (state.get("algo") == "sac" and state.get("env_id") == args.env and int(state["version"]) >= args.total_steps
+                and (args.run_dir / "policy.onnx").exists()):
+            # Finished: its policy is exported and evaluated; a rerun would repeat that and log it twice.
+            print(f"strata train: run dir {args.run_dir} holds a finished SAC run ({int(state['version']):,} env "
+                  f"steps; policy {args.run_dir / 'policy.onnx'}); nothing to do; pass a --total-steps above "
+                  f"{int(state['version']):,} to train it further")
+            return 0
         if state.get("algo") == "sac":  # else train_sac refuses with the reason
             given = {f.name for f in dataclasses.fields(SACConfig) if getattr(args, f.name, None) is not None}
             config = dataclasses.replace(SACConfig.from_dict(state["config"]),

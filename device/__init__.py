@@ -48,6 +48,9 @@ from device._mqtt_access import (
     shared_filter,
 )
 from device._names import host, identifier, inside, is_host, is_identifier, shown
+from device._obs_codec import ObsCodec, frame_shape, is_image
+from device._obs_codec import available_codecs as available_obs_codecs
+from device._obs_pipeline import ObsPipeline, env_maker, make_env
 from device._quantize import quantization_error, quantize_model, smallest_storage
 from device._rollout import RolloutBatch
 from device._wire import WireError, pack_arrays, unpack_arrays
@@ -78,6 +81,8 @@ __all__ = [
     "MqttRole",
     "MqttTopicName",
     "NumpyExecutor",
+    "ObsCodec",
+    "ObsPipeline",
     "PublicKey",
     "RollbackError",
     "RolloutBatch",
@@ -96,12 +101,15 @@ __all__ = [
     "WrongTierError",
     "add_config_arguments",
     "atomic_file",
+    "available_obs_codecs",
     "build_bundle",
     "config_from_args",
     "config_from_dict",
+    "env_maker",
     "export_c",
     "field_docs",
     "finite_float",
+    "frame_shape",
     "fsync_dir",
     "generate_keypair",
     "host",
@@ -109,8 +117,10 @@ __all__ = [
     "inside",
     "is_host",
     "is_identifier",
+    "is_image",
     "load_public_key",
     "load_signing_key",
+    "make_env",
     "mqtt_client_id",
     "mqtt_topic",
     "pack_arrays",

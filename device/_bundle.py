@@ -115,8 +115,11 @@ def _check_space(field: str, space: object) -> None:
         size = math.prod(shape)
         for bound in ("low", "high"):
             values = space.get(bound)
-            if not isinstance(values, list) or len(values) != size:
-                raise _fail(f"{field}: Box {bound} must be a flat list of {size} numbers, got {values!r}")
+            if isinstance(values, str | int | float) and not isinstance(values, bool):
+                values = [values]  # one bound for every element (large spaces: image frames); checked below
+            elif not isinstance(values, list) or len(values) != size:
+                raise _fail(f"{field}: Box {bound} must be a flat list of {size} numbers (or one number for "
+                            f"all), got {str(values)[:80]}")
             if not all(_is_num(v) or v in ("inf", "-inf") for v in values):
                 raise _fail(f"{field}: Box {bound} holds a value that is not a finite number, 'inf' or '-inf'")
     else:
@@ -146,8 +149,13 @@ def space_to_json(space: Any) -> JSONDict:
 
         low = np.asarray(space.low, dtype=np.float64).ravel()
         high = np.asarray(space.high, dtype=np.float64).ravel()
-        return {"type": "Box", "shape": [int(d) for d in space.shape], "dtype": str(np.dtype(space.dtype)),
-                "low": [_bound(v) for v in low.tolist()], "high": [_bound(v) for v in high.tolist()]}
+        out = {"type": "Box", "shape": [int(d) for d in space.shape], "dtype": str(np.dtype(space.dtype))}
+        for name, values in (("low", low), ("high", high)):
+            # A large space with one bound for every element (image frames: 0 and 255) writes it once, so a
+            # manifest stays small; small spaces keep the flat list.
+            uniform = values.size > 64 and bool(np.all(values == values[0]))
+            out[name] = _bound(float(values[0])) if uniform else [_bound(v) for v in values.tolist()]
+        return out
     raise BundleFormatError(f"space_to_json: {space!r} is neither a Box (low/high) nor a Discrete (n) space")
 
 
@@ -158,9 +166,13 @@ def space_bounds(space: Mapping[str, Any]) -> tuple[Any, Any]:
     if space.get("type") != "Box":
         raise BundleFormatError(f"space_bounds: needs a Box space, got type {space.get('type')!r}")
     shape = tuple(space["shape"])
-    low = np.array([float(v) for v in space["low"]], dtype=np.float64).reshape(shape)
-    high = np.array([float(v) for v in space["high"]], dtype=np.float64).reshape(shape)
-    return low, high
+
+    def bound(values: Any) -> Any:
+        if not isinstance(values, list):  # one bound for all elements
+            return np.full(shape, float(values), dtype=np.float64)
+        return np.array([float(v) for v in values], dtype=np.float64).reshape(shape)
+
+    return bound(space["low"]), bound(space["high"])
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -109,6 +109,9 @@ class _Ctx:
                                         "is not supported by the device executor")
 
 
+#: Operators of convolutional networks: a graph holding one is refused with its size, not only its operator list.
+_CONV_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool"})
+
 Builder = Callable[[_Ctx], list[str]]
 _OPS: dict[str, Builder] = {}
 
@@ -948,6 +951,16 @@ class NumpyExecutor:
             for node in model.graph.nodes
             if node.domain not in ("", "ai.onnx") or node.op_type not in _OPS
         })
+        convs = [n for n in model.graph.nodes if n.op_type in _CONV_OPS and n.domain in ("", "ai.onnx")]
+        if convs:
+            weights = sum(int(a.size) for a in model.graph.initializers.values())
+            nbytes = sum(int(a.nbytes) for a in model.graph.initializers.values())
+            ops = sorted({n.op_type for n in convs})
+            raise UnsupportedOperatorError(
+                f"NumpyExecutor: this is a convolutional policy ({len(convs)} {'/'.join(ops)} layers, {weights:,} "
+                f"weights, {nbytes / 1e6:.1f} MB), the kind image observations need; the device tier runs small MLP "
+                f"policies in numpy and has no {ops[0]} operator. Run it on the edge tier with onnxruntime (strata "
+                "export --tier edge)")
         if unsupported:
             raise UnsupportedOperatorError(
                 f"NumpyExecutor: unsupported ONNX operator(s) {unsupported}; the device executor implements "

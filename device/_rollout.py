@@ -21,22 +21,28 @@ Arrays (``*S`` = observation shape, ``*A`` = action shape):
     behaviour_logprobs [T, N]   float32, present for off-policy experience (the edge fleet): the log-prob of each
                                 action under the policy that acted, for importance weights (V-trace)
 
-Batches travel as raw buffers through `device._wire`; nothing is pickled.
+Batches travel as raw buffers through `device._wire`; nothing is pickled. Image observations (uint8, two or
+more axes per observation) can travel through an observation codec (`device._obs_codec`): ``obs``, ``final_obs``
+and ``next_obs`` then share one frame table (each distinct frame encoded once), and the header records the codec
+and its quality (``"obs_codec": "webp:90"``; ``"raw"`` when the arrays travel as they are). `from_bytes`
+decodes the table, so a learner always gets plain arrays.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
+from device._obs_codec import ObsCodec, decode_frames, encode_frames, is_image
 from device._wire import WireError, pack_arrays, unpack_arrays
 
 _REQUIRED = ("obs", "actions", "rewards", "terminations", "truncations", "final_obs", "next_obs",
              "policy_version", "worker", "seq")
 _OPTIONAL = ("logprobs", "values", "behaviour_logprobs")
+_FRAMED = ("obs", "final_obs", "next_obs")
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,6 +63,8 @@ class RolloutBatch:
     logprobs: np.ndarray | None = None
     values: np.ndarray | None = None
     behaviour_logprobs: np.ndarray | None = None
+    obs_codec: str = "raw"
+    """The observation codec the batch travelled with (``webp:90``; ``raw``: none); set by `from_bytes`."""
 
     def __post_init__(self) -> None:
         if self.rewards.ndim != 2:
@@ -95,25 +103,59 @@ class RolloutBatch:
         for w, s in zip(workers.ravel().tolist(), self.seq.ravel().tolist(), strict=True):
             yield (self.source, w, s)
 
-    def to_bytes(self) -> bytes:
-        """Encode as a raw-buffer message (`device._wire`)."""
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        """The shape of one observation."""
+        return tuple(self.obs.shape[2:])
+
+    def to_bytes(self, codec: ObsCodec | None = None) -> bytes:
+        """Encode as a raw-buffer message (`device._wire`); image observations through `codec` when it is not raw.
+
+        A codec is used only where it applies (uint8 observations with two or more axes); the header records the
+        one that was, so the receiver needs no configuration.
+        """
+        meta, arrays = self.to_parts(codec)
+        return pack_arrays({"kind": "rollout_batch", **meta}, arrays)
+
+    def to_parts(self, codec: ObsCodec | None = None) -> tuple[dict[str, object], dict[str, np.ndarray]]:
+        """The header fields and arrays of `to_bytes`, for a message that carries a batch among other fields."""
         arrays = {name: getattr(self, name) for name in _REQUIRED}
         arrays.update({name: getattr(self, name) for name in _OPTIONAL if getattr(self, name) is not None})
-        return pack_arrays({"kind": "rollout_batch", "source": self.source}, arrays)
+        meta: dict[str, object] = {"source": self.source, "obs_codec": "raw"}
+        if codec is not None and not codec.is_raw and is_image(self.obs_shape, self.obs.dtype):
+            frames_meta, frame_arrays = encode_frames({n: arrays.pop(n) for n in _FRAMED}, codec,
+                                                      obs_shape=self.obs_shape)
+            meta.update(obs_codec=codec.spec, frames=frames_meta)
+            arrays.update(frame_arrays)
+        return meta, arrays
 
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview) -> RolloutBatch:
         """Decode a message made by `to_bytes`; raise `WireError` when it is not a rollout batch."""
         meta, arrays = unpack_arrays(data)
-        if meta.get("kind") != "rollout_batch" or not isinstance(meta.get("source"), str):
+        if meta.get("kind") != "rollout_batch":
             raise WireError(f"RolloutBatch.from_bytes: message kind {meta.get('kind')!r} is not 'rollout_batch'")
+        return cls.from_parts(meta, arrays)
+
+    @classmethod
+    def from_parts(cls, meta: Mapping[str, object], arrays: Mapping[str, np.ndarray]) -> RolloutBatch:
+        """Invert `to_parts` (frame tables decoded); raise `WireError` when the parts do not form a batch."""
+        if not isinstance(meta.get("source"), str):
+            raise WireError(f"RolloutBatch.from_parts: source {meta.get('source')!r:.80} is not a string")
+        arrays = dict(arrays)
+        if "frames" in meta:
+            frames = meta["frames"]
+            if not isinstance(frames, dict) or sorted(frames.get("arrays") or ()) != sorted(_FRAMED):
+                raise WireError("RolloutBatch.from_parts: the frame table must hold obs, final_obs and next_obs")
+            arrays.update(decode_frames(frames, arrays))
         missing = [n for n in _REQUIRED if n not in arrays]
         if missing:
-            raise WireError(f"RolloutBatch.from_bytes: missing arrays {missing}")
+            raise WireError(f"RolloutBatch.from_parts: missing arrays {missing}")
         try:
-            return cls(source=meta["source"], **{n: arrays[n] for n in (*_REQUIRED, *_OPTIONAL) if n in arrays})
-        except ValueError as exc:
-            raise WireError(f"RolloutBatch.from_bytes: {exc}") from exc
+            return cls(source=str(meta["source"]), obs_codec=str(meta.get("obs_codec", "raw")),
+                       **{n: arrays[n] for n in (*_REQUIRED, *_OPTIONAL) if n in arrays})
+        except (TypeError, ValueError) as exc:
+            raise WireError(f"RolloutBatch.from_parts: {exc}") from exc
 
     @staticmethod
     def concat_envs(batches: list[RolloutBatch], *, source: str | None = None) -> RolloutBatch:
@@ -122,7 +164,7 @@ class RolloutBatch:
             raise ValueError("RolloutBatch.concat_envs: need at least one batch")
         fields: dict[str, np.ndarray | None] = {}
         for f in dataclasses.fields(RolloutBatch):
-            if f.name == "source":
+            if f.name in ("source", "obs_codec"):
                 continue
             parts = [getattr(b, f.name) for b in batches]
             if any(p is None for p in parts):
@@ -130,4 +172,5 @@ class RolloutBatch:
                 continue
             axis = 0 if f.name in ("worker", "next_obs") else 1
             fields[f.name] = np.concatenate(parts, axis=axis)
-        return RolloutBatch(source=source or batches[0].source, **fields)  # type: ignore[arg-type]
+        return RolloutBatch(source=source or batches[0].source, obs_codec=batches[0].obs_codec,
+                            **fields)  # type: ignore[arg-type]

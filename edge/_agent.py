@@ -34,7 +34,19 @@ from typing import Any, Literal
 
 import numpy as np
 
-from device import Bundle, BundleError, TrustStore, load_public_key, mqtt_client_id, require
+from device import (
+    Bundle,
+    BundleError,
+    ConfigError,
+    ObsPipeline,
+    TrustStore,
+    is_image,
+    load_public_key,
+    make_env,
+    mqtt_client_id,
+    require,
+)
+from device._obs_pipeline import register_envs
 from edge._cache import Phase, PolicyCache
 from edge._errors import CacheError, EdgeConfigError, EdgeError, PayloadError
 from edge._experience import (
@@ -84,6 +96,11 @@ class EdgeAgentConfig:
     """Public key files (PEM) whose signatures are trusted."""
     env: str = "CartPole-v1"
     """Gymnasium env id of the local simulator."""
+    frame_stack: int = 1
+    """Observations stacked per step, as the policy was trained (its manifest's ``preprocessing.pipeline``)."""
+    obs_codec: str = "raw"
+    """Observation codec of the run that trained the policy (``webp``, ``webp:90``, ...): a lossy one is applied to
+    the simulator's frames as in training, and image experience records travel through it."""
     policy: str | None = None
     """Policy to follow; None follows whichever policy the fleet announces last."""
     serve_devices: bool = False
@@ -154,6 +171,10 @@ class EdgeAgentConfig:
                                   "bundles (--trust strata-signing.pub)")
         if (self.steps is not None and self.steps < 0) or (self.duration is not None and self.duration < 0):
             raise EdgeConfigError(f"EdgeAgentConfig: steps={self.steps} and duration={self.duration} must be >= 0")
+        try:
+            self.pipeline  # noqa: B018  (checks frame_stack and obs_codec)
+        except ConfigError as exc:
+            raise EdgeConfigError(f"EdgeAgentConfig: {exc}") from None
         if self.telemetry_interval_s <= 0 or self.control_period_s < 0 or self.experience_steps < 0:
             raise EdgeConfigError(f"EdgeAgentConfig: telemetry_interval_s={self.telemetry_interval_s} must be > 0, "
                                   f"control_period_s={self.control_period_s} and experience_steps="
@@ -167,10 +188,16 @@ class EdgeAgentConfig:
                                   f"experience_max_steps_per_s={self.experience_max_steps_per_s} must be finite and "
                                   f">= 0, experience_receipt_timeout_s={self.experience_receipt_timeout_s} > 0")
 
+    @property
+    def pipeline(self) -> ObsPipeline:
+        """The observation pipeline the simulator is made with (`device.make_env`)."""
+        return ObsPipeline(frame_stack=self.frame_stack, obs_codec=self.obs_codec)
+
     def health(self) -> HealthConfig:
         """The health-check settings."""
         return HealthConfig(deadline_s=self.health_deadline_s, latency_budget_ms=self.health_latency_budget_ms,
-                            min_return=self.health_min_return, episodes=self.health_episodes)
+                            min_return=self.health_min_return, episodes=self.health_episodes,
+                            pipeline=self.pipeline.to_json())
 
 
 @dataclass
@@ -268,13 +295,14 @@ class EdgeAgent:
     def _default_env(self) -> Any:
         gym = require("gymnasium", extra="edge", purpose="the edge simulators")
         try:
-            return gym.make(self.config.env)
+            return make_env(self.config.env, self.config.pipeline)
         except gym.error.Error as exc:
             raise EdgeConfigError(f"--env {self.config.env!r} cannot be made: {exc}; pass a registered gymnasium "
                                   "env id such as CartPole-v1") from None
 
     def _check_env(self) -> None:
         gym = require("gymnasium", extra="edge", purpose="the edge simulators")
+        register_envs()
         try:
             gym.spec(self.config.env)
         except gym.error.Error as exc:
@@ -639,7 +667,7 @@ class EdgeAgent:
         started = time.monotonic()
         next_report = started + cfg.telemetry_interval_s
         obs, _ = env.reset(seed=cfg.seed)
-        obs = np.asarray(obs, dtype=np.float32)
+        obs = _observation(obs)
         episode_return, episode_length = 0.0, 0
         returns: list[float] = []
         lengths: list[int] = []
@@ -673,11 +701,12 @@ class EdgeAgent:
                     continue
                 recording = experience is not None and experience.recording(policy)
                 t0 = time.perf_counter()
+                act_obs = np.asarray(obs, dtype=np.float32)  # image frames stay uint8 in the records
                 if recording:
                     assert experience is not None
-                    action, logp = experience.act(policy, obs)
+                    action, logp = experience.act(policy, act_obs)
                 else:
-                    action, logp = policy.act(obs), None
+                    action, logp = policy.act(act_obs), None
                 latency = time.perf_counter() - t0
                 version = policy.version
                 if version not in self.counters.first_act_at:
@@ -689,7 +718,7 @@ class EdgeAgent:
                     latencies.append(latency)
                 by_version[version] = by_version.get(version, 0) + 1
                 next_obs, reward, terminated, truncated, _ = env.step(action)
-                next_obs = np.asarray(next_obs, dtype=np.float32)
+                next_obs = _observation(next_obs)
                 self.counters.steps += 1
                 interval_steps += 1
                 episode_return += float(reward)
@@ -706,7 +735,7 @@ class EdgeAgent:
                     lengths.append(episode_length)
                     episode_return, episode_length = 0.0, 0
                     next_obs, _ = env.reset()
-                    next_obs = np.asarray(next_obs, dtype=np.float32)
+                    next_obs = _observation(next_obs)
                 obs = next_obs
                 if recording:
                     assert experience is not None
@@ -781,7 +810,9 @@ class _ExperienceTaker:
         space = policy.bundle.manifest.observation_space
         obs_shape = tuple(space.get("shape", ()))
         act_shape = tuple(policy.bundle.manifest.action_space.get("shape", ()))
-        self.fits = fits_payload(obs_shape, 4, act_shape, self.request.steps)
+        # Compressed image records are measured when encoded (a record over the limit is reported, not sent).
+        compressed = not cfg.pipeline.codec.is_raw and is_image(obs_shape, space.get("dtype", "float32"))
+        self.fits = compressed or fits_payload(obs_shape, 4, act_shape, self.request.steps)
         if not self.fits:
             self.agent._note_error(f"experience records of {self.request.steps} steps of observations "
                                    f"{list(obs_shape)} would exceed the 128 KB MQTT payload limit; nothing is "
@@ -795,7 +826,7 @@ class _ExperienceTaker:
             return True
         steps = self.request.steps
         if self.fits and self.budget.allow(record_bytes=1024 + steps * 64, steps=steps):
-            self.recorder = ExperienceRecorder(self.agent.config.node_id, steps)
+            self.recorder = ExperienceRecorder(self.agent.config.node_id, steps, self.agent.config.pipeline.codec)
             return True
         self.agent.counters.experience_skipped_steps += 1
         return False
@@ -833,6 +864,12 @@ class _ExperienceTaker:
         if record_id is not None:
             agent.counters.experience_records += 1
         agent._sender_wake.set()
+
+
+def _observation(obs: Any) -> np.ndarray:
+    """An env observation as the node keeps it: image frames (uint8) as they are, anything else as float32."""
+    a = np.asarray(obs)
+    return a if is_image(a.shape, a.dtype) else a.astype(np.float32)
 
 
 def read_password_file(path: str | Path) -> str:

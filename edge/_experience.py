@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from device import Bundle, RolloutBatch
+from device import Bundle, ObsCodec, RolloutBatch
 from edge._errors import EdgeConfigError
 from edge._topics import AWS_MAX_PAYLOAD, Experience
 
@@ -142,13 +142,15 @@ class ExperienceRecorder:
     Args:
         node: The node id.
         steps: Steps per record.
+        codec: The observation codec image observations travel through (the node's pipeline codec).
     """
 
-    def __init__(self, node: str, steps: int) -> None:
+    def __init__(self, node: str, steps: int, codec: ObsCodec | None = None) -> None:
         if not 1 <= steps <= MAX_RECORD_STEPS:
             raise EdgeConfigError(f"experience records of {steps} steps: use 1..{MAX_RECORD_STEPS}")
         self.node = node
         self.steps = steps
+        self.codec = codec
         self._rows: dict[str, list[Any]] = {k: [] for k in ("obs", "actions", "rewards", "terminations", "truncations",
                                                            "final_obs", "policy_version", "logp", "ep_return",
                                                            "ep_length")}
@@ -191,9 +193,9 @@ class ExperienceRecorder:
         ep_return = np.asarray(r["ep_return"], np.float32)[:, None]
         ep_length = np.asarray(r["ep_length"], np.int64)[:, None]
         self._rows = {k: [] for k in self._rows}
-        node = self.node
+        node, codec = self.node, self.codec
         return lambda record_id: Experience(record_id=record_id, node=node, batch=batch, episode_return=ep_return,
-                                            episode_length=ep_length).encode()
+                                            episode_length=ep_length, codec=codec).encode()
 
 
 def record_bytes(obs_shape: tuple[int, ...], obs_itemsize: int, act_shape: tuple[int, ...], steps: int) -> int:

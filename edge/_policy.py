@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from device import Bundle, require, space_to_json
+from device import Bundle, ConfigError, ObsPipeline, require, space_to_json
 from edge._errors import EdgeConfigError
 
 
@@ -87,6 +87,9 @@ class HealthConfig:
     """Simulator episodes for the `min_return` check."""
     max_episode_steps: int = 2000
     """Step cap per health-check episode."""
+    pipeline: dict[str, Any] | None = None
+    """The observation pipeline the simulator is made with (`device.ObsPipeline.to_json`); when set, a bundle
+    whose manifest records another one (another frame stack or lossy codec) fails. None: not checked."""
 
     def __post_init__(self) -> None:
         if self.deadline_s <= 0 or self.probe_calls < 1 or self.latency_budget_ms <= 0 or self.episodes < 1:
@@ -130,6 +133,24 @@ def _space_problem(manifest_space: dict[str, Any], env_json: dict[str, Any] | st
     if manifest_space.get(key) != env_json[key]:
         return f"space {key} {manifest_space.get(key)} does not match the simulator's {env_json[key]}"
     return None
+
+
+def _pipeline_problem(trained: Any, node: dict[str, Any]) -> str | None:
+    """Why a policy trained through pipeline `trained` (a manifest's, None: the plain env) cannot act here."""
+    try:
+        want = ObsPipeline.from_json(trained if isinstance(trained, dict) else None)
+    except ConfigError as exc:
+        return f"the manifest's observation pipeline is malformed: {exc}"
+    have = ObsPipeline.from_json(node)
+
+    def seen(p: ObsPipeline) -> tuple[int, str | None]:  # what the policy sees (a lossless codec changes no pixel)
+        return p.frame_stack, p.codec.spec if p.codec.lossy else None
+
+    if seen(want) == seen(have):
+        return None
+    return (f"the policy was trained on observations through frame stack {want.frame_stack} and codec "
+            f"{want.obs_codec}; this node makes frame stack {have.frame_stack} and codec {have.obs_codec}: start "
+            f"the agent with --frame-stack {want.frame_stack} --obs-codec {want.obs_codec}")
 
 
 def _space_json(env_space: Any) -> dict[str, Any] | str:
@@ -217,6 +238,10 @@ class HealthChecker:
                 raise _Failed(f"onnxruntime cannot load the model: {type(exc).__name__}: {exc}") from None
             stage("load")
             left("loading")
+            if config.pipeline is not None:
+                problem = _pipeline_problem(m.preprocessing.get("pipeline"), config.pipeline)
+                if problem:
+                    raise _Failed(problem)
             sim = self._read_simulator()
             for name, manifest_space, env_json in (("observation", m.observation_space, sim.observation_json),
                                                    ("action", m.action_space, sim.action_json)):

@@ -39,9 +39,19 @@ from typing import Any, Literal
 
 import numpy as np
 
-from device import MqttTopicName, RolloutBatch, WireError, mqtt_topic, pack_arrays, unpack_arrays
+from device import (
+    MqttTopicName,
+    ObsCodec,
+    RolloutBatch,
+    WireError,
+    is_image,
+    mqtt_topic,
+    pack_arrays,
+    unpack_arrays,
+)
 from device._mqtt_access import MQTT_PREFIX as PREFIX
 from device._names import IDENTIFIER_FORM, is_identifier, shown
+from device._obs_codec import decode_frames, encode_frames
 from edge._errors import EdgeConfigError, PayloadError
 
 QOS = 1
@@ -500,6 +510,8 @@ class Telemetry:
 EXPERIENCE_ARRAYS = ("obs", "actions", "rewards", "terminations", "truncations", "next_obs", "policy_version")
 """Arrays every experience record carries (time-major ``[T, N, ...]``; ``next_obs`` is ``[N, ...]``)."""
 EXPERIENCE_OPTIONAL = ("final_rows", "final_obs", "behaviour_logprobs", "episode_return", "episode_length")
+_FRAMED = ("obs", "next_obs", "final_obs")
+"""The arrays of image observations an experience record's frame table may hold."""
 """Arrays a record may carry: the real last observations of the episodes that ended (``final_obs[D, ...]`` at the
 flat step indices ``final_rows[D]``, ``t * N + n``: sparse, because most steps have none), the behaviour
 policy's log-prob of each action, and where an episode ended its return and length (else 0)."""
@@ -538,9 +550,12 @@ class Experience:
     batch: RolloutBatch
     episode_return: np.ndarray | None = None
     episode_length: np.ndarray | None = None
+    codec: ObsCodec | None = None
+    """Observation codec of image observations (the node's pipeline codec): ``obs``, ``next_obs`` and
+    ``final_obs`` then travel as one frame table (`device._obs_codec`); None or raw: arrays as they are."""
 
     def encode(self) -> bytes:
-        """Raw-buffer payload: the batch's arrays, with node and record id in the meta."""
+        """Raw-buffer payload: the batch's arrays (image frames as a frame table), with node and record id."""
         b = self.batch
         arrays = {name: getattr(b, name) for name in EXPERIENCE_ARRAYS}
         done = np.logical_or(b.terminations, b.truncations).reshape(-1)
@@ -554,10 +569,18 @@ class Experience:
             arrays["episode_return"] = self.episode_return
         if self.episode_length is not None:
             arrays["episode_length"] = self.episode_length
-        data = pack_arrays({"kind": "experience", "record_id": self.record_id, "node": self.node}, arrays)
+        meta: dict[str, Any] = {"kind": "experience", "record_id": self.record_id, "node": self.node}
+        if self.codec is not None and not self.codec.is_raw and is_image(b.obs_shape, b.obs.dtype):
+            framed = {name: arrays.pop(name) for name in _FRAMED if name in arrays}
+            meta["frames"], frame_arrays = encode_frames(framed, self.codec, obs_shape=b.obs_shape)
+            meta["obs_codec"] = self.codec.spec
+            arrays.update(frame_arrays)
+        data = pack_arrays(meta, arrays)
         if len(data) > AWS_MAX_PAYLOAD:
+            hint = "" if self.codec is not None and not self.codec.is_raw else \
+                " or compress image observations (--obs-codec webp)"
             raise EdgeConfigError(f"Experience.encode: {len(data)} bytes exceeds {AWS_MAX_PAYLOAD}; "
-                                  "collect fewer steps per record")
+                                  f"collect fewer steps per record (--experience-steps){hint}")
         return data
 
     @property
@@ -586,6 +609,16 @@ class Experience:
             raise PayloadError(topic, f"experience is not a raw-buffer message: {exc}") from None
         if meta.get("kind") != "experience":
             raise PayloadError(topic, f"expected kind 'experience', got {meta.get('kind')!r}")
+        if "frames" in meta:
+            frames = meta["frames"]
+            names = frames.get("arrays") if isinstance(frames, dict) else None
+            if not isinstance(names, list) or not {"obs", "next_obs"} <= set(names) <= set(_FRAMED):
+                raise PayloadError(topic, "the experience frame table must hold obs, next_obs and final_obs only")
+            try:
+                decoded = decode_frames(frames, arrays)
+            except WireError as exc:
+                raise PayloadError(topic, f"experience frames: {exc}") from None
+            arrays = {k: v for k, v in arrays.items() if not k.startswith("frames:")} | decoded
         record_id = _field(topic, meta, "record_id", int)
         sender = _field(topic, meta, "node", str)
         if record_id < 1:
@@ -616,14 +649,13 @@ class Experience:
                                           "observation per row")
             flat = final_obs.reshape(t * n, *obs.shape[2:])
             flat[rows.astype(np.int64)] = finals
-        optional = {k: arrays[k] for k in ("behaviour_logprobs",) if k in arrays}
         try:
             batch = RolloutBatch(
                 source=f"edge:{sender}:{record_id}", obs=obs, actions=arrays["actions"], rewards=rewards,
                 terminations=arrays["terminations"], truncations=arrays["truncations"], final_obs=final_obs,
                 next_obs=arrays["next_obs"], policy_version=arrays["policy_version"],
                 worker=np.arange(n, dtype=np.int64), seq=np.repeat(np.arange(t, dtype=np.int64)[:, None], n, axis=1),
-                **optional)
+                behaviour_logprobs=arrays.get("behaviour_logprobs"), obs_codec=str(meta.get("obs_codec", "raw")))
         except (TypeError, ValueError) as exc:
             raise PayloadError(topic, f"experience arrays do not form a RolloutBatch: {exc}") from None
         episode_return, episode_length = arrays.get("episode_return"), arrays.get("episode_length")

@@ -33,10 +33,21 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
-from device import RolloutBatch, StrataError, pack_arrays, require, space_bounds, space_to_json, unpack_arrays
+from device import (
+    ObsPipeline,
+    RolloutBatch,
+    StrataError,
+    is_image,
+    pack_arrays,
+    require,
+    space_bounds,
+    space_to_json,
+    unpack_arrays,
+)
+from device._obs_codec import ObsCodec, decode_frames, encode_frames
 from functions._codec import CodecError, available_codecs, decode_bytes, encode_bytes
 from functions._errors import FunctionsError
-from functions._lifetime import signals_held
+from functions._lifetime import signals_masked
 from functions._secure import PLAINTEXT, ServiceTLS
 
 if TYPE_CHECKING:
@@ -84,6 +95,23 @@ class EnvServiceConfig:
     (Kubernetes' gRPC probes); 0 picks a free one. None: no such port."""
     tls: ServiceTLS = PLAINTEXT
     """Mutual TLS and the per-run token (`functions._secure`; the --tls-* flags)."""
+    frame_stack: int = 1
+    """Observations stacked per step by the observation pipeline (device.ObsPipeline)."""
+    obs_codec: str = "raw"
+    """Observation codec of the pipeline and of the replies: raw, png, webp, webp:Q, jxl or jxl:Q (Q in 1-100)."""
+
+    def __post_init__(self) -> None:
+        from device import ConfigError
+
+        try:
+            self.pipeline  # noqa: B018  (validates frame_stack and obs_codec)
+        except ConfigError as exc:
+            raise EnvServiceError(f"EnvServiceConfig: {exc}") from None
+
+    @property
+    def pipeline(self) -> ObsPipeline:
+        """The observation pipeline the service makes its envs with."""
+        return ObsPipeline(frame_stack=self.frame_stack, obs_codec=self.obs_codec)
 
 
 def space_from_json(spec: Mapping[str, Any]) -> Any:
@@ -97,26 +125,52 @@ def space_from_json(spec: Mapping[str, Any]) -> Any:
     raise EnvServiceError(f"space_from_json: space type {spec.get('type')!r} is not 'Box' or 'Discrete'")
 
 
+_OBS_ARRAYS = ("obs", "final_obs")
+
+
 def encode_tensors(msg_cls: Any, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray], *,
-                   compress_above: int = 65536, codec: str | None = None) -> Any:
-    """Pack arrays into a ``Tensors`` message, compressing when the raw size exceeds `compress_above`."""
+                   compress_above: int = 65536, codec: str | None = None, obs_codec: ObsCodec | None = None) -> Any:
+    """Pack arrays into a ``Tensors`` message, compressing when the raw size exceeds `compress_above`.
+
+    With an `obs_codec` (not raw), image arrays ``obs`` and ``final_obs`` travel as one frame table
+    (`device._obs_codec`), recorded in the header; `decode_tensors` decodes it.
+    """
+    meta, arrays = dict(meta), dict(arrays)
+    if obs_codec is not None and not obs_codec.is_raw and "obs" in arrays:
+        obs_shape = tuple(arrays["obs"].shape[1:])
+        if is_image(obs_shape, arrays["obs"].dtype):
+            names = [n for n in _OBS_ARRAYS if n in arrays]
+            frames_meta, frame_arrays = encode_frames({n: arrays.pop(n) for n in names}, obs_codec,
+                                                      obs_shape=obs_shape)
+            meta["frames"] = frames_meta
+            arrays.update(frame_arrays)
+            codec = "" if codec is None else codec  # compressed frames: zlib on top would cost time and save nothing
     raw = pack_arrays(meta, arrays)
     return encode_bytes(msg_cls, raw, compress_above=compress_above, codec=codec)
 
 
 def decode_tensors(msg: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Unpack a ``Tensors`` message into ``(meta, arrays)``."""
-    return unpack_arrays(decode_bytes(msg))
+    """Unpack a ``Tensors`` message into ``(meta, arrays)`` (a frame table decoded into its arrays)."""
+    meta, arrays = unpack_arrays(decode_bytes(msg))
+    frames = meta.get("frames")
+    if frames is not None:
+        if not isinstance(frames, Mapping) or not set(frames.get("arrays") or ()) <= set(_OBS_ARRAYS):
+            raise EnvServiceError("decode_tensors: the frame table may hold only obs and final_obs")
+        decoded = decode_frames(frames, arrays)
+        arrays = {k: v for k, v in arrays.items() if not k.startswith("frames:")}
+        arrays.update(decoded)
+    return meta, arrays
 
 
 class _Policy:
     """A loaded policy bundle: the numpy executor plus how to turn its outputs into actions."""
 
     def __init__(self, bundle_bytes: bytes, rng: np.random.Generator, verifier: Any = None) -> None:
-        from device import Bundle, NumpyExecutor
+        from device import Bundle
+        from functions._executors import policy_executor
 
         self.bundle = verifier.verify(bundle_bytes) if verifier is not None else Bundle.from_bytes(bundle_bytes)
-        self.executor = NumpyExecutor.from_bundle(self.bundle)
+        self.executor = policy_executor(self.bundle)
         self.version = int(self.bundle.manifest.version)
         self.name = str(self.bundle.manifest.policy)
         self.discrete = self.bundle.manifest.action_space.get("type") == "Discrete"
@@ -144,6 +198,9 @@ class EnvService:
         if config.envs < 1:
             raise EnvServiceError(f"EnvService: envs={config.envs} must be at least 1")
         gym = require("gymnasium", extra="functions", purpose="the env service")
+        from device._obs_pipeline import register_envs
+
+        register_envs()
         if env_fn is None and ":" not in config.env and config.env not in gym.registry:
             raise EnvServiceError(f"EnvService: env {config.env!r} is not a registered gymnasium env id; list them "
                                   "with `python -c 'import gymnasium; gymnasium.pprint_registry()'`")
@@ -153,7 +210,9 @@ class EnvService:
         check_listen(config.host, self._tls, call="strata envs serve")
         self.config = config
         self.service_id = f"envsvc-{uuid.uuid4().hex[:8]}"
-        make = env_fn or (lambda: gym.make(config.env))
+        from device import make_env
+
+        make = env_fn or (lambda: make_env(config.env, config.pipeline))
         self._envs = [make() for _ in range(config.envs)]
         self.observation_space = self._envs[0].observation_space
         self.action_space = self._envs[0].action_space
@@ -422,8 +481,10 @@ class _Servicer:
         self._pb = pb
 
     def _reply(self, arrays: Mapping[str, np.ndarray]) -> Any:
-        return self._pb.StepReply(result=encode_tensors(self._pb.Tensors, {}, arrays,
-                                                        compress_above=self._svc.config.compress_above))
+        codec = self._svc.config.pipeline.codec
+        return self._pb.StepReply(result=encode_tensors(self._pb.Tensors, {"obs_codec": codec.spec}, arrays,
+                                                        compress_above=self._svc.config.compress_above,
+                                                        obs_codec=codec))
 
     def Spec(self, request: Any, context: Any) -> Any:  # gRPC method name
         s = self._svc.spec()
@@ -468,7 +529,7 @@ class _Servicer:
                                       f"{available_codecs()}")
         except (StrataError, ValueError) as exc:
             _abort_on_error(context, exc)
-        tensors = encode_bytes(self._pb.Tensors, batch.to_bytes(), codec=codec)
+        tensors = encode_bytes(self._pb.Tensors, batch.to_bytes(self._svc.config.pipeline.codec), codec=codec)
         return self._pb.RolloutReply(batch=tensors, policy_version=int(batch.policy_version[0, 0]))
 
     def Rollout(self, request: Any, context: Any) -> Any:  # gRPC method name
@@ -512,7 +573,7 @@ class EnvServiceClient:
 
     def _call(self, name: str, request: Any, timeout_s: float | None = None) -> Any:
         try:
-            with signals_held():
+            with signals_masked():
                 return getattr(self._stub, name)(request, timeout=timeout_s or self.timeout_s)
         except self._grpc.RpcError as exc:
             raise self._translate(name, exc) from exc
@@ -559,7 +620,7 @@ class EnvServiceClient:
             return status == "SERVING", str(status)
         try:
             stub = health_pb2_grpc.HealthStub(self._channel)
-            with signals_held():
+            with signals_masked():
                 reply = stub.Check(health_pb2.HealthCheckRequest(service="strata.env.v1.EnvService"),
                                    timeout=timeout_s or self.timeout_s, wait_for_ready=wait_for_ready)
         except self._grpc.RpcError as exc:
@@ -583,13 +644,13 @@ class EnvServiceClient:
         """Start a Step call; finish it with `step_result`."""
         req = self._pb.StepRequest(envs=list(envs), autoreset=autoreset,
                                    actions=encode_tensors(self._pb.Tensors, {}, {"actions": np.asarray(actions)}))
-        with signals_held():
+        with signals_masked():
             return self._stub.Step.future(req, timeout=self.timeout_s)
 
     def step_result(self, future: Any) -> dict[str, np.ndarray]:
         """Wait for a Step call started by `step_future` and decode its arrays."""
         try:
-            with signals_held():
+            with signals_masked():
                 reply = future.result()
         except self._grpc.RpcError as exc:
             raise self._translate("Step", exc) from exc
@@ -616,13 +677,13 @@ class EnvServiceClient:
         """Start a Rollout call of `steps` steps; finish it with `rollout_result`."""
         req = self._pb.RolloutRequest(steps=steps, min_version=min_version, codec=codec,
                                       refresh_policy=refresh_policy)
-        with signals_held():
+        with signals_masked():
             return self._stub.Rollout.future(req, timeout=self.timeout_s)
 
     def rollout_result(self, future: Any) -> RolloutBatch:
         """Wait for a Rollout call and decode its fragment."""
         try:
-            with signals_held():
+            with signals_masked():
                 reply = future.result()
         except self._grpc.RpcError as exc:
             raise self._translate("Rollout", exc) from exc

@@ -512,7 +512,8 @@ class StreamCarry:
 
     state: EnvState
     obs: np.ndarray
-    """The observation the policy acts on next (float32, the observation space's shape)."""
+    """The observation the policy acts on next (the observation space's shape and dtype: uint8 frames travel as
+    they are, bit-exact; the next invocation's first transition encodes them)."""
     episode_return: float = 0.0
     """Undiscounted return of the running episode so far."""
     episode_length: int = 0
@@ -520,10 +521,16 @@ class StreamCarry:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def obs_dtype(space: Any) -> np.dtype[Any]:
+    """The dtype observations of `space` are kept in: uint8 for image frames, float32 for everything else."""
+    dtype = np.dtype(getattr(space, "dtype", None) or np.float32)
+    return dtype if dtype == np.uint8 and len(getattr(space, "shape", None) or ()) >= 2 else np.dtype(np.float32)
+
+
 def encode_carry(carry: StreamCarry) -> bytes:
     """The wire form of a stream carry."""
     return _pack(CARRY_KIND, carry.state, {"episode_length": int(carry.episode_length)},
-                 {"obs": np.asarray(carry.obs, dtype=np.float32),
+                 {"obs": np.asarray(carry.obs),
                   "episode_return": np.array(carry.episode_return, dtype=np.float64)})
 
 
@@ -537,8 +544,9 @@ def decode_carry(data: bytes, env: Any) -> StreamCarry:
     check(env, state)
     obs, ret, length = extra.get("obs"), extra.get("episode_return"), meta.get("episode_length")
     shape = tuple(getattr(env.observation_space, "shape", None) or ())
-    if obs is None or obs.dtype != np.float32 or tuple(obs.shape) != shape:
-        raise WireError(f"carry: the observation must be float32 of shape {shape}, got "
+    dtype = obs_dtype(env.observation_space)
+    if obs is None or obs.dtype != dtype or tuple(obs.shape) != shape:
+        raise WireError(f"carry: the observation must be {dtype} of shape {shape}, got "
                         f"{None if obs is None else (obs.dtype.name, tuple(obs.shape))}")
     if ret is None or ret.dtype != np.float64 or ret.shape != ():
         raise WireError("carry: episode_return must be one float64")
@@ -575,6 +583,48 @@ CLASSIC_CONTROL: dict[str, FieldCodec] = {
         [Field("state", shape=(4,), dtypes=_FLOAT)], config=("torque_noise_max", "book_or_nips")),
 }
 
+class FrameStackCodec:
+    """gymnasium's ``FrameStackObservation``: its queue of the last k observations and its padding observation."""
+
+    def capture(self, layer: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """See `EnvStateCodec.capture`."""
+        meta = {"config": {"stack_size": int(layer.stack_size), "padding_type": str(layer.padding_type)}}
+        return meta, {"queue": np.stack([np.asarray(o) for o in layer.obs_queue]),
+                      "padding": np.array(layer.padding_value)}
+
+    def check(self, layer: Any, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+        """See `EnvStateCodec.check`."""
+        want = {"stack_size": int(layer.stack_size), "padding_type": str(layer.padding_type)}
+        if meta.get("config") != want:
+            raise WireError(f"env state of FrameStackObservation: settings {meta.get('config')!r:.80} are not this "
+                            f"env's {want}; continue the state in an env made with the same frame stack")
+        space = layer.env.observation_space
+        frame, dtype = tuple(space.shape or ()), np.dtype(space.dtype)
+        queue, padding = arrays.get("queue"), arrays.get("padding")
+        if set(arrays) != {"queue", "padding"} or queue is None or padding is None:
+            raise WireError(f"env state of FrameStackObservation: needs arrays queue and padding, got {sorted(arrays)}")
+        if queue.shape != (want["stack_size"], *frame) or padding.shape != frame or queue.dtype != dtype or \
+                padding.dtype != dtype:
+            raise WireError(f"env state of FrameStackObservation: queue {queue.dtype}{list(queue.shape)} and padding "
+                            f"{padding.dtype}{list(padding.shape)} do not fit {want['stack_size']} x "
+                            f"{dtype}{list(frame)}")
+
+    def restore(self, layer: Any, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+        """See `EnvStateCodec.restore`."""
+        from collections import deque
+
+        layer.obs_queue = deque([np.array(o) for o in arrays["queue"]], maxlen=layer.stack_size)
+        layer.padding_value = np.array(arrays["padding"])
+
+
+#: The observation pipeline's layers (`device._obs_pipeline`): the frame stack carries its queue; the codec round
+#: trip and strata's pixel env hold no state (settings only).
+PIPELINE: dict[str, EnvStateCodec] = {
+    "gymnasium.wrappers.stateful_observation.FrameStackObservation": FrameStackCodec(),
+    "device._obs_wrappers.CodecRoundTrip": FieldCodec(config=("codec_spec",)),
+    "device._obs_wrappers.PixelCartPole": FieldCodec(config=("size",)),
+}
+
 WRAPPERS: dict[str, FieldCodec] = {
     "gymnasium.wrappers.common.TimeLimit": FieldCodec(
         [Field("_elapsed_steps", dtypes=("int64",), optional=True)], config=("_max_episode_steps",)),
@@ -591,7 +641,7 @@ def _load_builtins() -> None:
     if _builtins_loaded:
         return
     _builtins_loaded.append(True)
-    for key, codec in {**WRAPPERS, **CLASSIC_CONTROL}.items():
+    for key, codec in {**WRAPPERS, **CLASSIC_CONTROL, **PIPELINE}.items():
         _registry.setdefault(key, _Entry(codec, False))
     from functions._envstate_mujoco import MUJOCO_ENV, MujocoCodec
 

@@ -8,7 +8,11 @@ crash. Results travel back as `RolloutResult.to_dict` / `ErrorResult.to_dict`, r
 Rollout event (JSON object; ``?`` marks optional fields)::
 
     {"rollout_id": "r-0001",                  de-duplication key chosen by the caller (1-128 chars)
-     "env": {"id": "CartPole-v1", "kwargs"?: {...}},
+     "env": {"id": "CartPole-v1", "kwargs"?: {...},
+             "frame_stack"?: 1, "obs_codec"?: "raw"},   the observation pipeline (device._obs_pipeline): frames
+                                               stacked per step, and the codec image observations travel with
+                                               (png, webp, webp:90, jxl, jxl:90; a lossy one is applied where
+                                               the frames are made, so the policy acts on the decoded frames)
      "num_envs"?: 1,                           env streams stepped in lockstep (1-1024)
      "seed"?: 0 | "seeds"?: [0, 1, ...],       base seed (env i gets seed + i) or one seed per env
      "steps": 128 | "episodes": 4,             steps per env, or complete episodes in total (exactly one)
@@ -33,8 +37,8 @@ Result (one JSON object)::
 
     {"ok": true, "rollout_id": ..., "request_id": ..., "policy_version": 3, "num_envs": N, "steps": T,
      "transitions": N*T, "episodes": k, "episode_returns": [...], "duration_s": 0.01,
-     "encoding": "strata.rollout_batch.v1+base64",
-     "fragments": ["<RolloutBatch.to_bytes() base64>", ...]                       inline, or
+     "encoding": "strata.rollout_batch.v1+base64", "obs_codec": "raw",
+     "fragments": ["<RolloutBatch.to_bytes(codec) base64>", ...]                  inline, or
      "fragment_refs": [{"bucket": "b", "key": "rollouts/r-0001/000000.bin"}, ...],  when over 6 MB
      "carry"?: [null | "<base64>", ...],       when asked: each stream's running episode at the end (null: the
                                                env has no env-state codec, see functions._envstate)
@@ -66,6 +70,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
+from device import ConfigError, ObsPipeline
 from functions._errors import EventError
 
 #: Encoding tag of the fragments in a result.
@@ -90,6 +95,8 @@ class EnvSpec:
     """Registered gymnasium id, e.g. ``"CartPole-v1"``."""
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     """Keyword arguments for ``gymnasium.make`` (JSON values)."""
+    pipeline: ObsPipeline = field(default_factory=ObsPipeline)
+    """Frame stacking and the observation codec (also the codec of the result's fragments)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,8 +191,10 @@ class RolloutRequest:
 
     def to_event(self) -> JSONDict:
         """The JSON event for this request (what `parse_rollout_event` accepts)."""
-        event: JSONDict = {"rollout_id": self.rollout_id,
-                           "env": {"id": self.env.id, "kwargs": dict(self.env.kwargs)},
+        env: JSONDict = {"id": self.env.id, "kwargs": dict(self.env.kwargs)}
+        if self.env.pipeline != ObsPipeline():
+            env.update(self.env.pipeline.to_json())
+        event: JSONDict = {"rollout_id": self.rollout_id, "env": env,
                            "num_envs": self.num_envs, "seeds": list(self.seeds),
                            "policy": policy_to_json(self.policy), "actions": self.actions, "source": self.source,
                            "stream_base": self.stream_base, "max_steps": self.max_steps,
@@ -272,6 +281,8 @@ class RolloutResult:
     """Each stream's running episode at the end (None entries: no codec); None when not asked for."""
     carry_note: str | None = None
     """Why the carries are None (the env has no env-state codec)."""
+    obs_codec: str = "raw"
+    """The observation codec of the fragments (each fragment's header records it too)."""
 
     def to_dict(self) -> JSONDict:
         """The JSON result."""
@@ -279,7 +290,7 @@ class RolloutResult:
                          "policy_version": self.policy_version, "num_envs": self.num_envs, "steps": self.steps,
                          "transitions": self.transitions, "episodes": self.episodes,
                          "episode_returns": list(self.episode_returns), "duration_s": self.duration_s,
-                         "encoding": ENCODING}
+                         "encoding": ENCODING, "obs_codec": self.obs_codec}
         if self.fragment_refs:
             out["fragment_refs"] = [{"bucket": r.bucket, "key": r.key} for r in self.fragment_refs]
         else:
@@ -453,6 +464,17 @@ def parse_rollout_event(event: object) -> RolloutRequest:
     env_id = _str(env_spec, "id", path="env.id", max_len=256, fix='send a gymnasium env id such as "CartPole-v1"')
     kwargs = _object(env_spec, "kwargs", path="env.kwargs", required=False,
                      fix="send gymnasium.make keyword arguments as a JSON object")
+    unknown_env = sorted(set(env_spec) - {"id", "kwargs", "frame_stack", "obs_codec"})
+    if unknown_env:
+        raise EventError(f"env.{unknown_env[0]}", f"is not an env field (unknown: {unknown_env})",
+                         "send only id, kwargs, frame_stack and obs_codec")
+    frame_stack = _int(env_spec, "frame_stack", low=1, high=64, default=1, path="env.frame_stack")
+    obs_codec = _str(env_spec, "obs_codec", path="env.obs_codec", max_len=16, required=False,
+                     fix="send raw, png, webp, webp:Q, jxl or jxl:Q (Q in 1-100)") or "raw"
+    try:
+        pipeline = ObsPipeline(frame_stack=frame_stack or 1, obs_codec=obs_codec)
+    except ConfigError as exc:
+        raise EventError("env.obs_codec", str(exc), "send raw, png, webp, webp:Q, jxl or jxl:Q (Q in 1-100)") from None
     num_envs = _int(event, "num_envs", low=1, high=MAX_NUM_ENVS, default=1)
     assert rollout_id is not None and env_id is not None and num_envs is not None
     steps = _int(event, "steps", low=1, high=MAX_STEPS)
@@ -479,7 +501,7 @@ def parse_rollout_event(event: object) -> RolloutRequest:
     if episodes is not None and max_steps * num_envs > MAX_STEPS:
         raise EventError("max_steps", f"max_steps * num_envs = {max_steps * num_envs} is over {MAX_STEPS} "
                          "in episodes mode", "lower max_steps or num_envs, or send 'steps' instead")
-    return RolloutRequest(rollout_id=rollout_id, env=EnvSpec(id=env_id, kwargs=dict(kwargs)),
+    return RolloutRequest(rollout_id=rollout_id, env=EnvSpec(id=env_id, kwargs=dict(kwargs), pipeline=pipeline),
                           policy=_policy(event), num_envs=num_envs, seeds=_seeds(event, num_envs), steps=steps,
                           episodes=episodes, max_steps=max_steps, fragment_length=fragment_length, source=source,
                           actions=actions, stream_base=stream_base, seq_base=seq_base, carry=carry,
@@ -512,7 +534,8 @@ def parse_result(payload: object) -> RolloutResult | ErrorResult:
                              episodes=int(payload["episodes"]),
                              episode_returns=tuple(float(r) for r in payload["episode_returns"]),
                              duration_s=float(payload["duration_s"]), fragments=fragments, fragment_refs=refs,
-                             carry=carry, carry_note=None if note is None else str(note))
+                             carry=carry, carry_note=None if note is None else str(note),
+                             obs_codec=str(payload.get("obs_codec", "raw")))
     except (KeyError, TypeError, ValueError, binascii.Error) as exc:
         raise EventError("<result>", f"is a malformed rollout result ({exc})",
                          "check that the function and the caller run the same strata version") from exc

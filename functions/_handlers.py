@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from device import BundleError, ConfigError, MissingDependencyError, WireError, require
+from device import BundleError, ConfigError, MissingDependencyError, UnsupportedOperatorError, WireError, require
 from functions._envstate import StreamCarry, decode_carry
 from functions._errors import EventError, FunctionsError
 from functions._events import (
@@ -108,6 +108,10 @@ def rollout_handler(event: Any, context: Any) -> dict[str, Any]:
     except BundleError as exc:
         return ErrorResult(type=type(exc).__name__, message=str(exc), rollout_id=rollout_id,
                            fix="send a bundle signed by a key in the function's STRATA_TRUSTED_KEYS").to_dict()
+    except UnsupportedOperatorError as exc:
+        return ErrorResult(type=type(exc).__name__, message=str(exc), rollout_id=rollout_id,
+                           fix="install onnxruntime with the function (pip install 'strata[images]'), or send a "
+                           "policy the device executor runs").to_dict()
     except (FunctionsError, MissingDependencyError, ConfigError) as exc:
         return ErrorResult(type=type(exc).__name__, message=str(exc), rollout_id=rollout_id).to_dict()
 
@@ -155,10 +159,10 @@ def _policy(ref: PolicyRef, envs: list[Any], seeds: tuple[int, ...], *, actions:
     digest = hashlib.sha256(data).hexdigest()
     cached = _policy_cache.get(digest)
     if cached is None or (cached[2] is not None and time.time() >= cached[2]):
-        from device import NumpyExecutor
+        from functions._executors import policy_executor
 
         bundle = _verifier().verify(data, allow_current=True)
-        cached = (NumpyExecutor.from_bundle(bundle), bundle.manifest.version, bundle.manifest.expires_at)
+        cached = (policy_executor(bundle), bundle.manifest.version, bundle.manifest.expires_at)
         _policy_cache[digest] = cached
     executor, version = cached[0], cached[1]
     if actions == "greedy":
@@ -237,12 +241,12 @@ def _s3_get(ref: S3Policy) -> bytes:
 
 
 def _result(request: RolloutRequest, sim: Simulation, *, request_id: str, started: float) -> dict[str, Any]:
-    blobs = tuple(f.to_bytes() for f in sim.fragments)
+    blobs = tuple(f.to_bytes(request.env.pipeline.codec) for f in sim.fragments)
     common: dict[str, Any] = {
         "rollout_id": request.rollout_id, "request_id": request_id,
         "policy_version": int(sim.fragments[0].policy_version[0, 0]) if sim.fragments else 0,
         "num_envs": request.num_envs, "steps": sim.steps, "transitions": sim.steps * request.num_envs,
-        "episodes": sim.episodes, "episode_returns": sim.episode_returns,
+        "episodes": sim.episodes, "episode_returns": sim.episode_returns, "obs_codec": request.env.pipeline.obs_codec,
         "carry": sim.carries, "carry_note": sim.carry_note}
     # Carries always travel inline: they count against the limit whether or not the fragments go to S3.
     carry_size = sum(4 * ((len(c) + 2) // 3) + 4 for c in sim.carries or () if c is not None)

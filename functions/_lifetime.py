@@ -111,11 +111,11 @@ def watch_parent(parent: int | None = None, *, on_death: Callable[[], None] | No
 
 
 @contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """Hold SIGINT, SIGTERM and SIGHUP while the block runs in the main thread (they are delivered when it ends).
+def signals_masked() -> Iterator[None]:
+    """Block SIGINT, SIGTERM and SIGHUP in the main thread while the block runs (they are delivered when it ends).
 
-    What a stop must not cut in half: a checkpoint write, and a gRPC call (an exception raised by a signal
-    handler while a call waits can orphan it, and closing its channel then waits forever).
+    For a gRPC call: an exception raised by a signal handler while a call waits can orphan it, and closing its
+    channel then waits for ever. (A training run's stop path has the fuller `cloud.runs._stop.signals_held`.)
     """
     held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
     if threading.current_thread() is not threading.main_thread():

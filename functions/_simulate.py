@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from device import RolloutBatch
-from functions._envstate import StreamCarry, capture, codec_gap, encode_carry, write_checked
+from functions._envstate import StreamCarry, capture, codec_gap, encode_carry, obs_dtype, write_checked
 from functions._errors import NoEnvCodecError, SimulationError
 from functions._events import EnvSpec, RolloutRequest
 
@@ -47,20 +47,20 @@ class Simulation:
 
 def env_key(spec: EnvSpec) -> str:
     """A cache key for envs made from `spec`."""
-    return spec.id + "|" + json.dumps(dict(spec.kwargs), sort_keys=True, default=str)
+    return spec.id + "|" + json.dumps([dict(spec.kwargs), spec.pipeline.to_json()], sort_keys=True, default=str)
 
 
 def make_envs(spec: EnvSpec, num_envs: int) -> list[Any]:
-    """Make `num_envs` gymnasium envs (imports gymnasium on first use, not at module import).
+    """Make `num_envs` gymnasium envs through the spec's observation pipeline (gymnasium imported on first use).
 
     Raises:
         SimulationError: the id is not registered or the kwargs are refused.
     """
-    from device import require
+    from device import make_env, require
 
-    gym = require("gymnasium", extra="functions", purpose="simulating environments")
+    require("gymnasium", extra="functions", purpose="simulating environments")
     try:
-        return [gym.make(spec.id, **dict(spec.kwargs)) for _ in range(num_envs)]
+        return [make_env(spec.id, spec.pipeline, **dict(spec.kwargs)) for _ in range(num_envs)]
     except Exception as exc:  # gymnasium raises several types (NameNotFound, TypeError, ...) for a bad spec
         raise SimulationError(f"make_envs: gymnasium.make({spec.id!r}, **{dict(spec.kwargs)!r}) failed: "
                               f"{type(exc).__name__}: {exc}; send a registered env id and its valid kwargs") from exc
@@ -119,21 +119,22 @@ def simulate(request: RolloutRequest, envs: Sequence[Any], act: Act, *, policy_v
     running = np.zeros(n, np.float64)
     lengths = np.zeros(n, np.int64)
     first = []
+    dtype = obs_dtype(envs[0].observation_space)  # image frames stay uint8, everything else float32
     for i, (env, seed, carry) in enumerate(zip(envs, request.seeds, carries, strict=True)):
         if carry is None:
-            first.append(np.asarray(env.reset(seed=seed)[0], dtype=np.float32))
+            first.append(np.asarray(env.reset(seed=seed)[0], dtype=dtype))
         else:
             write_checked(env, carry.state)  # decode_carry checked it against this env
             first.append(carry.obs)
             running[i], lengths[i] = carry.episode_return, carry.episode_length
-    obs_now = np.asarray(np.stack(first), dtype=np.float32)
+    obs_now = np.asarray(np.stack(first), dtype=dtype)
     obs_shape = obs_now.shape[1:]
     probe = np.asarray(act(obs_now))
     if probe.shape[:1] != (n,):
         raise SimulationError(f"simulate: the policy returned actions of shape {probe.shape} for {n} observations; "
                               "it must return one action per env (shape [N, ...])")
     act_shape, act_dtype = probe.shape[1:], probe.dtype
-    obs = np.zeros((horizon, n, *obs_shape), np.float32)
+    obs = np.zeros((horizon, n, *obs_shape), dtype)
     final_obs = np.zeros_like(obs)
     actions = np.zeros((horizon, n, *act_shape), act_dtype)
     rewards = np.zeros((horizon, n), np.float32)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 
 from device import ConfigError
 
@@ -31,6 +32,7 @@ def train_hybrid_from_args(args: argparse.Namespace) -> int:
     from cloud.runs._checkpoint import resumed_config
     from cloud.runs._metrics import METRICS_FILE
     from cloud.runs._run import resume_command
+    from cloud.runs._stop import StopSignal
     from cloud.switching._modes import switching_from_args
     from cloud.switching._switcher import SwitchRules
     from device import config_from_args
@@ -51,7 +53,12 @@ def train_hybrid_from_args(args: argparse.Namespace) -> int:
                     resume=args.resume, target_return=args.target_return, confirm_episodes=args.confirm_episodes,
                     checkpoint_every=args.checkpoint_every, rolling_checkpoint_s=args.rolling_checkpoint_s,
                     resume_command=resume_command(args))
-    result = train_hybrid(spec)
+    try:
+        result = train_hybrid(spec)
+    except StopSignal as stop:
+        return stop.exit_status  # rank 0 printed the stop line: where the checkpoint is, the command that resumes
+    if result.stopped_by is not None and result.stopped_by.startswith("SIG"):  # a signal to a unit (torchrun)
+        return 128 + int(getattr(signal, result.stopped_by))
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
     solved = ("" if result.solved_at_step is None

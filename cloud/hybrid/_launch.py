@@ -5,6 +5,9 @@ The local launcher is `torch.distributed.launcher.api.elastic_launch`, the API t
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import signal
 import uuid
 from pathlib import Path
@@ -14,6 +17,7 @@ from cloud._errors import HybridError
 from cloud.hybrid._config import DEFAULT_UNITS, UnitSpec, under_torchrun
 from cloud.hybrid._unit import HybridResult, run_unit
 from cloud.runs._run import RunSpec, open_run
+from cloud.runs._stop import StopSignal
 from device import ConfigError
 
 UNIT_MODES = ("colocated", "sync", "decoupled")
@@ -65,10 +69,19 @@ def train_hybrid(spec: UnitSpec) -> HybridResult:
     units = spec.hybrid.units or DEFAULT_UNITS
     launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=units, run_id=f"strata-{uuid.uuid4().hex[:12]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=spec.hybrid.max_restarts,
-                          monitor_interval=0.1, start_method="spawn")
-    # The elastic agent installs its own SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers in this process and leaves them;
-    # the caller's handlers come back when the units are done, so a later SIGTERM is the caller's again.
+                          monitor_interval=0.1, start_method="spawn", signals_to_handle="SIGQUIT")
+    # The elastic agent would turn SIGTERM/SIGINT/SIGHUP into its own shutdown: SIGTERM to the units, then 30 s of
+    # waiting for units that have returned but wait for the agent to read their results, then SIGKILL. This
+    # process handles them instead (`_Forward`): each unit stops at the same update boundary and returns, the
+    # agent collects the results as on any finish, and the caller gets a `StopSignal` (exit 128 + N).
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+    forward = _Forward().install()
+    # A failed unit is one HybridError line below (and rank 0's stop line); torch's own logging of it, with the
+    # launcher's traceback, is noise.
+    quiet = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.CRITICAL)
     try:
         outputs: dict[int, Any] = elastic_launch(launch, run_unit)(spec.replace(hybrid=_fixed_units(spec, units)))
     except ChildFailedError as exc:
@@ -76,16 +89,61 @@ def train_hybrid(spec: UnitSpec) -> HybridResult:
         message = str(failure.message).strip().splitlines()
         detail = message[0] if message else f"exit code {failure.exitcode}"
         raise HybridError(f"train --modes hybrid: unit {rank} failed: {detail}") from None
-    except SignalException:
-        # The launcher passed the signal on; the units stopped at their next update boundary and rank 0
-        # wrote the final checkpoint (it said where). The caller sees an interruption, as from Ctrl-C.
-        raise KeyboardInterrupt from None
+    except SignalException as exc:
+        # A second signal, or SIGQUIT: the agent shut the units down at once; rank 0 wrote what it could.
+        raise StopSignal(int(exc.sigval)) from None
     finally:
+        os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)  # the launcher leaves it set for the units
+        for logger, level in zip(quiet, levels, strict=True):
+            logger.setLevel(level)
         for sig, handler in previous.items():
             if handler is not None:
                 signal.signal(sig, handler)
     result: HybridResult = outputs[0]
+    if forward.signum is not None:  # the units stopped at an update boundary; rank 0 printed the stop line
+        raise StopSignal(forward.signum)
     return result
+
+
+class _Forward:
+    """The launcher's SIGTERM/SIGINT/SIGHUP: passed on to the units, which stop at their next update boundary.
+
+    A signal sent to the whole process group (Ctrl-C, `timeout`, systemd) reaches the units as well; a unit counts
+    the two deliveries as one (`cloud.hybrid._unit`). A second signal here stops the launcher at once.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def install(self) -> _Forward:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            raise StopSignal(signum)
+        self.signum = signum
+        for pid in _unit_processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM if signum == signal.SIGHUP else signum)
+
+
+def _unit_processes() -> list[int]:
+    """This process's children that the launcher spawned as units (not multiprocessing's resource tracker)."""
+    found = []
+    me = str(os.getpid())
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2:].split()[1] == me and b"spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return found
 
 
 def _unit_switching(spec: UnitSpec) -> Any:

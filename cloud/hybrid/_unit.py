@@ -14,7 +14,7 @@ import os
 import resource
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -30,9 +30,11 @@ from cloud.rollout._envs import probe_spaces
 from cloud.runs._checkpoint import latest_checkpoint
 from cloud.runs._progress import Progress
 from cloud.runs._run import RunSession, RunSpec, open_run
+from cloud.runs._stop import signals_held
 from cloud.runs._train import TargetCheck, evaluate_greedy, window_mean
 from cloud.switching._switcher import Switcher, SwitchEvent
 from device import ConfigError, RolloutBatch, require, space_to_json
+from functions._lifetime import watch_parent
 
 if TYPE_CHECKING:
     from cloud.hybrid._leader import Leader
@@ -76,22 +78,30 @@ class HybridResult:
     """Every unit's last status (rank, node, local rank, pid, steps, steps/s, workers, mode), in rank order."""
 
 
+SAME_SIGNAL_S = 0.5
+"""A second signal within this long of the first is the same stop delivered twice (to the process group and
+passed on by strata's launcher), not a second request."""
+
+
 class _StopFlag:
-    """SIGTERM / SIGINT ask the unit to stop at the next update boundary; a second one stops it at once."""
+    """SIGTERM / SIGINT / SIGHUP ask the unit to stop at the next update boundary; a second one stops it at once."""
 
     def __init__(self) -> None:
         self.signal: str | None = None
+        self._at = 0.0
         self._previous: dict[int, Any] = {}
 
     def install(self) -> _StopFlag:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signal is not None:
+            if time.monotonic() - self._at < SAME_SIGNAL_S:
+                return
             raise KeyboardInterrupt
-        self.signal = signal.Signals(signum).name
+        self.signal, self._at = signal.Signals(signum).name, time.monotonic()
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():
@@ -150,6 +160,28 @@ def _resume_state(spec: UnitSpec, run: RunSpec) -> dict[str, Any] | None:
     return state
 
 
+@contextlib.contextmanager
+def peer_loss(rank: int) -> Iterator[None]:
+    """A collective that fails because another unit is gone becomes one `HybridError` line (the CLI exits 2).
+
+    Rank 0's stop line (the checkpoint of the last completed update) comes first; no torch or gloo traceback.
+    """
+    import torch.distributed as dist
+
+    try:
+        yield
+    except RuntimeError as exc:
+        text = str(exc).strip()
+        if not isinstance(exc, dist.DistError) and "gloo" not in text.lower() and "by peer" not in text:
+            raise
+        first = text.splitlines()[0] if text else type(exc).__name__
+        if first.startswith("[") and "] " in first:  # gloo's "[.../pair.cc:537] Read error ...: Connection reset ..."
+            first = first.split("] ", 1)[1]
+        first = first.split(". ", 1)[0][:160]
+        raise HybridError(f"train --modes hybrid: unit {rank} lost a peer unit ({first}); the run stops; resume it "
+                          "with the stop line's command once every unit can run") from None
+
+
 def run_unit(spec: UnitSpec) -> HybridResult:
     """Train as one unit of the group torchrun (or `cloud.hybrid.train_hybrid`) started; return what it saw.
 
@@ -162,6 +194,9 @@ def run_unit(spec: UnitSpec) -> HybridResult:
                   rolling_checkpoint_s=spec.rolling_checkpoint_s, resume_command=spec.resume_command)
     state = _resume_state(spec, run)
     stop = _StopFlag().install()
+    # The launcher (strata's or torchrun) killed with SIGKILL: SIGTERM to this unit, so the group stops at one update
+    # boundary with rank 0's checkpoint; a unit that cannot is killed after a grace period (functions._lifetime).
+    watch_parent(os.getppid())
     try:
         # Rank 0 keeps the run's work (commits, metrics, the stop line); the others only train.
         with contextlib.ExitStack() as stack:
@@ -174,15 +209,16 @@ def run_unit(spec: UnitSpec) -> HybridResult:
                 session.on_close(unit.close)  # after rank 0's stop line, which comes first
             else:
                 stack.callback(unit.close)
-            with unit.progress() as display:
+            with unit.progress() as display, peer_loss(rank):
                 while unit.global_step < spec.total_steps:
                     batch, episodes = unit.collect()
                     values = unit.update(batch)
                     values |= unit.merge(batch, episodes)
                     decision = unit.decide()
                     values |= unit.switch(decision)
-                    unit.publish(values, display)
-                    unit.commit()
+                    with signals_held():  # as PPO's loop: every checkpointed version has its metrics line
+                        unit.commit()
+                        unit.publish(values, display)
                     if decision[0] != STOP_NONE:
                         break
             return unit.result()
@@ -193,7 +229,7 @@ def run_unit(spec: UnitSpec) -> HybridResult:
 class Unit:
     """One unit's state between updates, and the steps of an iteration.
 
-    The steps are collect, update, merge, decide, switch, publish and commit; building a unit builds its learner,
+    The steps are collect, update, merge, decide, switch, commit and publish; building a unit builds its learner,
     sources and group and, on rank 0, the leader's services.
     """
 
@@ -373,6 +409,14 @@ class Unit:
             if self._pending is not None:
                 decision[1] = self.modes.index(self._pending[0])
         decision = self.group.broadcast(decision)
+        self._decision_values: dict[str, float] = {}
+        if decision[0] != STOP_SIGNAL and self.leader is not None and self.target.reached(
+                self.mean_return, self._window) and (self.target.confirm_episodes == 0
+                                                     or self.target.last_confirm == self.version):
+            # A decision at the target (stop, or train past it): one line and one metrics record, as PPO's.
+            line, self._decision_values = self.target.decision(stop=decision[0] == STOP_SOLVED,
+                                                               step=self.global_step, mean_return=self.mean_return)
+            self.log(f"train: {line}")
         if decision[0] == STOP_SIGNAL:
             self.stopped_by = self.stop.signal or "a signal to another unit"
         if decision[0] == STOP_SOLVED:
@@ -418,8 +462,7 @@ class Unit:
                 unit["mode"] = self.switcher.mode
         if self.leader is None or self.session is None:
             return
-        if self.target.greedy_return is not None and self.target.last_confirm == self.version:
-            values["charts/greedy_return"] = self.target.greedy_return
+        values |= self._decision_values
         self.session.log(global_step=self.global_step, policy_version=self.version, values=values)
         self.leader.publish(self.version, self.learner.agent, self.learner.normalizer)
         display.update(self.global_step, self.mean_return, values["perf/env_steps_per_s"], mode=self.switcher.mode)
@@ -471,7 +514,8 @@ class Unit:
         self.switcher.close()
         group = getattr(self, "group", None)  # absent when joining the group failed
         if group is not None:
-            group.close()
+            with contextlib.suppress(RuntimeError):  # a group that lost a unit may fail to tear down: it is left
+                group.close()
 
 
 def _unit_status(rank: int, head: dict[str, float], steps: int, modes: list[str]) -> dict[str, Any]:

@@ -198,9 +198,13 @@ class ObsNormalizer:
         return self.mean.astype(np.float32), inv_std.astype(np.float32)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        """Return `x` normalised and clipped, as float32 (unchanged but cast when disabled)."""
+        """Return `x` normalised and clipped, as float32 (unchanged but cast when disabled).
+
+        uint8 image frames stay uint8 when disabled: the CNN scales them in its graph, and a float copy of a batch
+        of frames is 4x the size.
+        """
         if not self.enabled:
-            return np.asarray(x, dtype=np.float32)
+            return x if x.dtype == np.uint8 and x.ndim >= 3 else np.asarray(x, dtype=np.float32)
         mean, inv_std = self.scale()
         normalized: np.ndarray = np.clip((np.asarray(x, dtype=np.float32) - mean) * inv_std, -self.clip, self.clip)
         return normalized

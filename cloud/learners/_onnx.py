@@ -133,8 +133,11 @@ def verify_onnx(model: bytes, graph: Any, *, obs_space: dict[str, Any], action_s
     shape = tuple(obs_space["shape"])
     worst: dict[str, float] = dict.fromkeys(names, 0.0)
     for batch in batch_sizes:
-        # Observations on the scale the env produces, inside its bounds where they are finite.
-        obs = np.clip(rng.normal(size=(batch, *shape)) * 2.0, low, high).astype(np.float32)
+        # Observations on the scale the env produces, inside its bounds where they are finite (pixels: 0-255).
+        if obs_space.get("dtype") == "uint8":
+            obs = rng.integers(0, 256, size=(batch, *shape)).astype(np.float32)
+        else:
+            obs = np.clip(rng.normal(size=(batch, *shape)) * 2.0, low, high).astype(np.float32)
         with torch.no_grad():
             expected = graph(torch.from_numpy(obs))
         expected_list = [t.numpy() for t in expected] if isinstance(expected, tuple) else [expected.numpy()]

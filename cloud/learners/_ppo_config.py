@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from device import ConfigError, config_from_dict
+from device import ConfigError, ObsCodec, ObsPipeline, config_from_dict
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +69,18 @@ class PPOConfig:
     obs_clip: float = 10.0
     """Clip normalised observations to +- this value."""
 
+    # --- image observations ---
+    frame_stack: int = 1
+    """Observations stacked per step (gymnasium's FrameStackObservation; 1: none), in every mode and at the edge."""
+    obs_codec: Literal["raw", "png", "webp", "jxl"] = "raw"
+    """How image observations travel between env hosts and the learner (decoupled, fragments, functions, edge
+    experience): raw arrays, or PNG / WebP / JPEG-XL frames (Pillow; `pip install 'strata[images]'`)."""
+    obs_quality: int = 0
+    """0: the codec is lossless; 1-100: lossy quality (webp, jxl). A lossy codec is applied once where each frame
+    is made, so the policy learns from, acts on and is deployed with the decoded frames."""
+    network: Literal["auto", "mlp", "cnn"] = "auto"
+    """Policy network: auto picks the Nature CNN for image observations and the MLP (hidden_sizes) otherwise."""
+
     # --- rewards ---
     normalize_reward: bool = False
     """Scale the rewards the update sees by the running std of the discounted return (SB3's VecNormalize reward
@@ -115,10 +127,20 @@ class PPOConfig:
         for name in ("gamma", "gae_lambda"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"PPOConfig: {name} must be within [0, 1], got {getattr(self, name)}")
+        try:
+            self.pipeline  # noqa: B018  (checks frame_stack, obs_codec and obs_quality together)
+        except ConfigError as exc:
+            raise ConfigError(f"PPOConfig: {exc}") from None
         if not self.hidden_sizes or min(self.hidden_sizes) < 1:
             raise ConfigError(f"PPOConfig: hidden_sizes must be positive widths, got {self.hidden_sizes}")
 
     # --- derived values (computed here only) ---
+    @property
+    def pipeline(self) -> ObsPipeline:
+        """The observation pipeline every env of the run is made with."""
+        codec = ObsCodec.from_flags(self.obs_codec, self.obs_quality)
+        return ObsPipeline(frame_stack=self.frame_stack, obs_codec=codec.spec)
+
     @property
     def batch_size(self) -> int:
         """Transitions per rollout: ``num_envs * num_steps``."""

@@ -14,8 +14,9 @@ replay can be swapped mid-run (`SACTrainer.switch_replay`) from one deployment t
 losing a transition. `train_sac` runs it and exports the deterministic policy
 (``tanh(mean)`` scaled to the action bounds) as a verified ONNX graph and, given a key, a signed bundle.
 
-`train_sac` checkpoints like PPO (`cloud.runs._stop`): every `SACConfig.log_every` env steps is a commit
-(policy version = env steps), kept every ``checkpoint_every`` commits, written on every stop; a checkpoint
+`train_sac` checkpoints like PPO (`cloud.runs._stop`): every `SACConfig.commit_every` env steps (and every
+`SACConfig.log_every`) is a commit (policy version = env steps), written in the background as the rolling
+checkpoint, kept every ``checkpoint_every`` x ``log_every`` steps, written on every stop; a checkpoint
 holds the actor, the twin critics and their targets, the three optimisers, the temperature, the step
 counters, the sampler's state and the replay's contents, so ``--resume`` continues the same run. Env
 state is not checkpointed: a resumed run starts a fresh episode (and, with gSDE, a fresh exploration matrix).
@@ -36,7 +37,17 @@ import numpy as np
 from cloud._errors import CloudError
 from cloud.replay._factory import make_replay
 from cloud.replay._tables import Replay, ReplayConfig, SampleBatch, Signature, annealed_beta
-from device import Bundle, ConfigError, SigningKey, build_bundle, config_from_dict, require, space_bounds
+from device import (
+    Bundle,
+    ConfigError,
+    ObsCodec,
+    ObsPipeline,
+    SigningKey,
+    build_bundle,
+    config_from_dict,
+    require,
+    space_bounds,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -107,6 +118,15 @@ class SACConfig:
     """Replay deployment: in this process's memory, in shared memory, or behind a gRPC replay server."""
     replay_address: str = ""
     """host:port of a running replay server for replay='grpc'; empty starts one in this process."""
+    # image observations (the same flags as PPO's)
+    frame_stack: int = 1
+    """Observations stacked per step (1: none)."""
+    obs_codec: Literal["raw", "png", "webp", "jxl"] = "raw"
+    """Observation codec of image observations (see PPOConfig.obs_codec)."""
+    obs_quality: int = 0
+    """0: lossless; 1-100: lossy quality, applied once where each frame is made."""
+    network: Literal["auto", "mlp", "cnn"] = "auto"
+    """auto: the Nature CNN encoder (one for the actor, one shared by the twin critics) for image observations."""
     # runtime
     torch_threads: int = 1
     """torch intra-op threads (small nets are fastest on one)."""
@@ -115,12 +135,15 @@ class SACConfig:
     (--edge-broker, --edge-fleet), into the replay with each transition's acting version."""
     log_every: int = 1000
     """Write metrics every this many env steps."""
+    commit_every: int = 250
+    """Commit every this many env steps: the rolling checkpoint a kill -9 resumes from is at most this far behind
+    (benchmarks/rolling_checkpoint.py measures the cost)."""
     eval_episodes: int = 20
     """Episodes of the exported deterministic policy evaluated at the end of train_sac."""
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "learning_starts", "policy_frequency", "target_network_frequency", "buffer_size",
-                     "torch_threads", "log_every"):
+                     "torch_threads", "log_every", "commit_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"SACConfig: {name}={getattr(self, name)} must be at least 1")
         if not 0.0 < self.tau <= 1.0:
@@ -134,9 +157,19 @@ class SACConfig:
         if self.sde_at_warmup and not self.use_sde:
             raise ConfigError("SACConfig: sde_at_warmup acts with the gSDE policy during warm-up; it needs use_sde "
                               "(--use-sde), or drop --sde-at-warmup")
+        try:
+            self.pipeline  # noqa: B018  (checks frame_stack, obs_codec and obs_quality together)
+        except ConfigError as exc:
+            raise ConfigError(f"SACConfig: {exc}") from None
         if self.learning_starts < self.batch_size:
             raise ConfigError(f"SACConfig: learning_starts={self.learning_starts} is below batch_size="
                               f"{self.batch_size}; collect at least one batch before learning")
+
+    @property
+    def pipeline(self) -> ObsPipeline:
+        """The observation pipeline the run's envs are made with."""
+        return ObsPipeline(frame_stack=self.frame_stack,
+                           obs_codec=ObsCodec.from_flags(self.obs_codec, self.obs_quality).spec)
 
     def replay_config(self) -> ReplayConfig:
         """The replay table this config trains from (derived values live here, in one place)."""
@@ -215,14 +248,15 @@ def polyak_update(target: list[torch.Tensor], online: list[torch.Tensor], tau: f
 # -- networks --------------------------------------------------------------------------------------------
 
 
-def transition_signature(obs_shape: tuple[int, ...], act_shape: tuple[int, ...], *, version: bool = False
-                         ) -> Signature:
+def transition_signature(obs_shape: tuple[int, ...], act_shape: tuple[int, ...], obs_dtype: str = "float32", *,
+                         version: bool = False) -> Signature:
     """The replay fields SAC stores; ``step`` is the transition's env-step id (counts loss and duplicates).
 
-    With `version` (the edge mode), also the bundle version of the policy that acted, for diagnostics.
+    Image frames are stored as uint8 (`obs_dtype`): a quarter of float32's memory, scaled by the CNN. With
+    `version` (the edge mode), also the bundle version of the policy that acted, for diagnostics.
     """
-    fields = {"obs": (obs_shape, "float32"), "action": (act_shape, "float32"), "reward": ((), "float32"),
-              "next_obs": (obs_shape, "float32"), "terminated": ((), "bool"), "step": ((), "int64")}
+    fields = {"obs": (obs_shape, obs_dtype), "action": (act_shape, "float32"), "reward": ((), "float32"),
+              "next_obs": (obs_shape, obs_dtype), "terminated": ((), "bool"), "step": ((), "int64")}
     if version:
         fields["version"] = ((), "int64")
     return fields
@@ -255,7 +289,8 @@ class SACTrainer:
         torch.manual_seed(seed)
         self.fed = config.env_mode == "edge"
         """Whether the fleet's experience is the env source (`run_fed`); the local env then only names the spaces."""
-        self.envs = make_vector_env(env_id, num_envs=1, seed=seed, mode="sync" if self.fed else config.env_mode)
+        self.envs = make_vector_env(env_id, num_envs=1, seed=seed, mode="sync" if self.fed else config.env_mode,
+                                    pipeline=config.pipeline)
         act_space = self.envs.single_action_space
         if not isinstance(act_space, gym.spaces.Box):
             self.envs.close()
@@ -274,9 +309,18 @@ class SACTrainer:
         self.act_shape = tuple(act_space.shape)
         obs_dim, act_dim = int(np.prod(self.obs_shape)), int(np.prod(self.act_shape))
         low, high = act_space.low.astype(np.float64).reshape(-1), act_space.high.astype(np.float64).reshape(-1)
+        from cloud.learners._cnn import uses_cnn
+
+        obs_dtype = self.envs.single_observation_space.dtype
+        try:
+            self.image = uses_cnn(config.network, self.obs_shape, obs_dtype, caller="SACConfig")
+        except ConfigError:
+            self.envs.close()
+            raise
         self.actor, self.qf, self.qf_target = build_networks(obs_dim, act_dim, config.hidden_sizes, low, high,
                                                              sde=config.use_sde,
-                                                             sde_log_std_init=config.sde_log_std_init)
+                                                             sde_log_std_init=config.sde_log_std_init,
+                                                             image_shape=self.obs_shape if self.image else None)
         # fused: one kernel per step for all parameters (~5% of a MountainCarContinuous env step against foreach)
         self.q_optimizer = torch.optim.Adam(self.qf.parameters(), lr=config.q_lr, fused=True)
         self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.policy_lr, fused=True)
@@ -285,7 +329,8 @@ class SACTrainer:
         self.a_optimizer = torch.optim.Adam([self.log_alpha], lr=config.policy_lr)
         self.alpha = config.alpha
 
-        self.signature = transition_signature(self.obs_shape, self.act_shape, version=self.fed)
+        self.signature = transition_signature(self.obs_shape, self.act_shape, "uint8" if self.image else "float32",
+                                              version=self.fed)
         self._server: Any = None
         self.replay = replay if replay is not None else self._make_replay(seed)
         self.rng = np.random.default_rng(seed)
@@ -348,8 +393,13 @@ class SACTrainer:
 
     # -- the loop ----------------------------------------------------------------------------------------
 
-    def run(self, until_step: int, *, on_log: Callable[[int, dict[str, float]], None] | None = None) -> None:
-        """Step the env and learn until `global_step` reaches `until_step`."""
+    def run(self, until_step: int, *, on_log: Callable[[int, dict[str, float]], None] | None = None,
+            on_step: Callable[[int], None] | None = None) -> None:
+        """Step the env and learn until `global_step` reaches `until_step`.
+
+        ``on_step(global_step)`` runs after every step's update, ``on_log(global_step, metrics)`` after it every
+        ``log_every`` steps.
+        """
         torch = self.torch
         cfg = self.config
         started, steps_at_start = time.perf_counter(), self.global_step
@@ -362,7 +412,8 @@ class SACTrainer:
                                                              and step % cfg.sde_sample_freq == 0)):
                     self._sde_eps = torch.randn(self.actor.sde_noise_shape())
                 with torch.no_grad():
-                    sampled, _, _ = self.actor.get_action(torch.as_tensor(self.obs, dtype=torch.float32),
+                    obs = torch.as_tensor(self.obs) if self.image else torch.as_tensor(self.obs, dtype=torch.float32)
+                    sampled, _, _ = self.actor.get_action(obs,
                                                           self._sde_eps)
                 actions = sampled.numpy()
             next_obs, rewards, terminations, truncations, infos = self.envs.step(actions.astype(self.act_space.dtype))
@@ -383,6 +434,8 @@ class SACTrainer:
             self.global_step += 1
             if self.global_step >= cfg.learning_starts:
                 self.update()
+            if on_step is not None:
+                on_step(self.global_step)
             if on_log is not None and self.global_step % cfg.log_every == 0:
                 rate = (self.global_step - steps_at_start) / max(time.perf_counter() - started, 1e-9)
                 on_log(self.global_step, {**self.last_metrics, "perf/env_steps_per_s": rate,
@@ -549,7 +602,7 @@ class SACTrainer:
         return build_bundle(
             model, policy=policy, version=version, parent_version=parent_version,
             observation_space=self.observation_space, action_space=self.action_space,
-            preprocessing=sac_preprocessing(self.action_space), signing_key=signing_key,
+            preprocessing=sac_preprocessing(self.action_space, self.config.pipeline), signing_key=signing_key,
             producer={"torch": torch.__version__, "onnx": onnx.__version__, "algo": "sac", "env_id": self.env_id,
                       "global_step": str(self.global_step),
                       "exporter": f"torch.onnx.export(dynamo=False, opset_version={OPSET})", **(producer or {})},
@@ -564,21 +617,25 @@ class SACTrainer:
             self._server = None
 
 
-def sac_preprocessing(action_space: dict[str, Any]) -> dict[str, Any]:
+def sac_preprocessing(action_space: dict[str, Any], pipeline: ObsPipeline | None = None) -> dict[str, Any]:
     """The bundle manifest's ``preprocessing`` of an exported SAC policy (all in the graph; no normalisation)."""
     low, high = (np.asarray(b, dtype=np.float64).reshape(-1) for b in space_bounds(action_space))
     return {"in_graph": True, "obs_normalization": {"enabled": False}, "action": "tanh_mean_scaled",
+            "pipeline": (pipeline or ObsPipeline()).to_json(),
             "action_scale": ((high - low) / 2.0).tolist(), "action_bias": ((high + low) / 2.0).tolist()}
 
 
 def sac_policy_graph(state: dict[str, Any]) -> Any:
     """The deterministic policy module (``obs -> tanh(mean)`` scaled to the bounds) of a SAC checkpoint's state."""
-    from cloud.learners._sac_networks import Actor, DeterministicPolicy
+    from cloud.learners._cnn import uses_cnn
+    from cloud.learners._sac_networks import DeterministicPolicy, build_actor
 
     obs_shape = tuple(int(d) for d in state["observation_space"]["shape"])
     low, high = (np.asarray(b, dtype=np.float64).reshape(-1) for b in space_bounds(state["action_space"]))
-    actor = Actor(obs_dim=int(np.prod(obs_shape)), act_dim=int(low.size),
-                  hidden=tuple(int(h) for h in state["config"]["hidden_sizes"]), low=low, high=high,
-                  sde=bool(state["config"].get("use_sde", False)))  # checkpoints from before gSDE lack the field
+    image = uses_cnn(state["config"].get("network", "auto"), obs_shape,
+                     state["observation_space"].get("dtype", "float32"), caller="SACConfig")
+    actor = build_actor(int(np.prod(obs_shape)), int(low.size), tuple(int(h) for h in state["config"]["hidden_sizes"]),
+                        low, high, sde=bool(state["config"].get("use_sde", False)),  # older checkpoints lack it
+                        image_shape=obs_shape if image else None)
     actor.load_state_dict(state["actor"])
     return DeterministicPolicy(actor).eval()

@@ -140,12 +140,53 @@ class DeterministicPolicy(nn.Module):
         return torch.tanh(self.actor.mean_action(obs)) * self.actor.action_scale + self.actor.action_bias
 
 
-def build_networks(obs_dim: int, act_dim: int, hidden: tuple[int, ...], low: np.ndarray, high: np.ndarray, *,
-                   sde: bool = False, sde_log_std_init: float = -3.0) -> tuple[Actor, TwinQ, TwinQ]:
-    """A fresh actor, critic and target critic (the target starts as a copy of the critic)."""
-    actor = Actor(obs_dim=obs_dim, act_dim=act_dim, hidden=hidden, low=low, high=high, sde=sde,
+class PixelCritic(nn.Module):
+    """The twin Q networks on one Nature-CNN encoder (both heads read the same features; `TwinQ` on top)."""
+
+    def __init__(self, *, obs_shape: tuple[int, ...], act_dim: int, hidden: tuple[int, ...]) -> None:
+        super().__init__()
+        from cloud.learners._cnn import PixelEncoder
+
+        self.encoder = PixelEncoder(obs_shape)
+        self.q = TwinQ(obs_dim=self.encoder.features, act_dim=act_dim, hidden=hidden)
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return self.q(self.encoder(obs), action)  # type: ignore[no-any-return]
+
+
+def build_actor(obs_dim: int, act_dim: int, hidden: tuple[int, ...], low: np.ndarray, high: np.ndarray, *,
+                sde: bool = False, sde_log_std_init: float = -3.0,
+                image_shape: tuple[int, ...] | None = None) -> Actor:
+    """The actor; for image observations (`image_shape`) its trunk starts with a Nature-CNN encoder of its own."""
+    if image_shape is None:
+        return Actor(obs_dim=obs_dim, act_dim=act_dim, hidden=hidden, low=low, high=high, sde=sde,
+                     sde_log_std_init=sde_log_std_init)
+    from cloud.learners._cnn import PixelEncoder
+
+    encoder = PixelEncoder(image_shape)
+    actor = Actor(obs_dim=encoder.features, act_dim=act_dim, hidden=hidden, low=low, high=high, sde=sde,
                   sde_log_std_init=sde_log_std_init)
-    qf = TwinQ(obs_dim=obs_dim, act_dim=act_dim, hidden=hidden)
-    qf_target = TwinQ(obs_dim=obs_dim, act_dim=act_dim, hidden=hidden)
+    actor.trunk = nn.Sequential(encoder, *actor.trunk)
+    return actor
+
+
+def build_networks(obs_dim: int, act_dim: int, hidden: tuple[int, ...], low: np.ndarray, high: np.ndarray, *,
+                   sde: bool = False, sde_log_std_init: float = -3.0, image_shape: tuple[int, ...] | None = None
+                   ) -> tuple[Actor, nn.Module, nn.Module]:
+    """A fresh actor, critic and target critic (the target starts as a copy of the critic).
+
+    For image observations (`image_shape`) the actor and the critic each have a Nature-CNN encoder (SB3's SAC
+    default: no shared features extractor); the twin Q heads share the critic's.
+    """
+    actor = build_actor(obs_dim, act_dim, hidden, low, high, sde=sde, sde_log_std_init=sde_log_std_init,
+                        image_shape=image_shape)
+    qf: nn.Module
+    qf_target: nn.Module
+    if image_shape is None:
+        qf = TwinQ(obs_dim=obs_dim, act_dim=act_dim, hidden=hidden)
+        qf_target = TwinQ(obs_dim=obs_dim, act_dim=act_dim, hidden=hidden)
+    else:
+        qf = PixelCritic(obs_shape=image_shape, act_dim=act_dim, hidden=hidden)
+        qf_target = PixelCritic(obs_shape=image_shape, act_dim=act_dim, hidden=hidden)
     qf_target.load_state_dict(qf.state_dict())
     return actor, qf, qf_target

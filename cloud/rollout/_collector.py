@@ -40,6 +40,16 @@ class Normalizer(Protocol):
     def __call__(self, x: np.ndarray) -> np.ndarray: ...
 
 
+def evaluate(agent: Any, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(log_prob, entropy, value)``: one pass where the agent shares an encoder (`CnnAgent.evaluate`), else two."""
+    shared = getattr(agent, "evaluate", None)
+    if shared is not None:
+        out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = shared(x, action)
+        return out
+    logprob, entropy = agent.evaluate_actions(x, action)
+    return logprob, entropy, agent.get_value(x)
+
+
 @dataclass(frozen=True)
 class Episode:
     """One finished training episode."""
@@ -82,8 +92,10 @@ class RolloutCollector:
 
         t, n = self.num_steps, self.num_envs
         obs_shape = self.next_obs.shape[1:]
-        obs = np.zeros((t, n, *obs_shape), dtype=np.float32)
-        final_obs = np.zeros((t, n, *obs_shape), dtype=np.float32)
+        # Image frames stay uint8 (a quarter of float32's memory; the CNN scales them), everything else float32.
+        dtype = np.uint8 if self.next_obs.dtype == np.uint8 and len(obs_shape) >= 2 else np.float32
+        obs = np.zeros((t, n, *obs_shape), dtype=dtype)
+        final_obs = np.zeros((t, n, *obs_shape), dtype=dtype)
         actions: np.ndarray | None = None
         rewards = np.zeros((t, n), dtype=np.float32)
         terminations = np.zeros((t, n), dtype=bool)
@@ -118,13 +130,12 @@ class RolloutCollector:
         # during the rollout, so this equals computing them step by step, at a fraction of the cost.
         with torch.inference_mode():
             b_obs = torch.from_numpy(normalizer(obs.reshape(t * n, *obs_shape)))
-            logprobs, _ = agent.evaluate_actions(b_obs, torch.from_numpy(actions.reshape(t * n, *actions.shape[2:])))
-            values = agent.get_value(b_obs)
+            logprobs, _, values = evaluate(agent, b_obs, torch.from_numpy(actions.reshape(t * n, *actions.shape[2:])))
         seq = self.next_seq + np.arange(t, dtype=np.int64)[:, None]
         self.next_seq = self.next_seq + t
         batch = RolloutBatch(
             source=self.source, obs=obs, actions=actions, rewards=rewards, terminations=terminations,
-            truncations=truncations, final_obs=final_obs, next_obs=np.asarray(self.next_obs, dtype=np.float32).copy(),
+            truncations=truncations, final_obs=final_obs, next_obs=np.asarray(self.next_obs, dtype=dtype).copy(),
             policy_version=np.full((t, n), policy_version, dtype=np.int64), worker=self.worker.copy(), seq=seq,
             logprobs=logprobs.numpy().reshape(t, n), values=values.numpy().reshape(t, n),
         )

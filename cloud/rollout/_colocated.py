@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 from cloud.rollout._envs import VECTOR_ENV_MODES
 from cloud.rollout._pool_config import ColocatedConfig, PoolCounters, spin_times_us
+from device import ObsPipeline, env_maker
 
 __all__ = ["ColocatedConfig", "PoolCounters", "SharedMemoryVectorEnv", "build_colocated_vector_env", "spin_times_us"]
 
@@ -200,7 +201,8 @@ class SharedMemoryVectorEnv(metaclass=_LazyPoolType):
         )
 
 
-def build_colocated_vector_env(env_id: str, *, num_envs: int, seed: int, config: ColocatedConfig | None = None) -> Any:
+def build_colocated_vector_env(env_id: str, *, num_envs: int, seed: int, config: ColocatedConfig | None = None,
+                               pipeline: ObsPipeline | None = None) -> Any:
     """`cloud.rollout._envs.make_vector_env`'s ``mode="colocated"`` builder: a SAME_STEP pool, reset with `seed`.
 
     The envs are split over as many workers as there are CPUs (the largest divisor of `num_envs` not above
@@ -215,8 +217,10 @@ def build_colocated_vector_env(env_id: str, *, num_envs: int, seed: int, config:
         cpus = os.cpu_count() or 1
         workers = max(w for w in range(1, min(cpus, num_envs) + 1) if num_envs % w == 0)
         cfg = dataclasses.replace(cfg, num_workers=workers)
+    # The workers make their envs through the run's observation pipeline: a lossy codec's round trip runs in
+    # them, in parallel, and the frames land once in the pool's 64-byte-aligned shared memory.
     pool = _impl()(
-        [functools.partial(gym.make, env_id)] * num_envs, config=cfg, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        [env_maker(env_id, pipeline)] * num_envs, config=cfg, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
     )
     try:
         pool.reset(seed=seed)

@@ -12,7 +12,8 @@ Failure handling. Every call has a deadline. A service whose call fails with UNA
 its deadline (`ServiceUnavailableError`: dead or hung) is marked dead; FragmentSource re-issues the
 fragment to another live service, DecoupledVectorEnv moves the dead service's env slots to a spare
 service (their episodes end as truncated, the next step resets them, exactly gymnasium's NEXT_STEP
-autoreset). Training goes on as long as capacity remains.
+autoreset); with no spare left, a service it started itself is restarted (`RESTARTS`, with backoff,
+logged). Training goes on as long as capacity remains.
 
 Staleness. Every fragment carries the policy version that acted. `StalenessGate` records the lag
 (learner version - acting version) of every fragment and drops fragments whose lag exceeds
@@ -30,6 +31,7 @@ import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -40,12 +42,22 @@ import numpy as np
 
 from cloud._errors import CloudError
 from cloud.rollout._envs import VECTOR_ENV_MODES
-from device import RolloutBatch, require
+from device import ObsPipeline, RolloutBatch, require
 from functions._envservice import EnvServiceClient, ServiceUnavailableError, space_from_json
 from functions._lifetime import child_environment
 from functions._secure import PLAINTEXT, ServiceTLS, is_loopback, split_target
 
 log = logging.getLogger(__name__)
+
+
+RESTARTS = 3
+"""Restarts of its own dead env services a `DecoupledVectorEnv` attempts over its life (spares are used first)."""
+
+CLOSE_S = 5.0
+"""Seconds `DecoupledVectorEnv.close` waits for each channel to close."""
+
+RESTART_BACKOFF_S = 0.5
+"""Wait before the first restart; it doubles with each further one."""
 
 
 class DecoupledError(CloudError):
@@ -92,9 +104,15 @@ class ServiceProcess:
     """One `strata envs serve` subprocess on loopback; `address` is read from its start-up line."""
 
     def __init__(self, env_id: str, *, envs: int, seed: int = 0, param_server: str = "", policy: str = "",
-                 trust: Sequence[str] = (), start_timeout_s: float = 60.0, tls: ServiceTLS = PLAINTEXT) -> None:
+                 trust: Sequence[str] = (), start_timeout_s: float = 60.0, tls: ServiceTLS = PLAINTEXT,
+                 pipeline: ObsPipeline | None = None) -> None:
+        self._args: dict[str, Any] = {"env_id": env_id, "envs": envs, "seed": seed, "param_server": param_server,
+                                      "policy": policy, "trust": tuple(trust), "start_timeout_s": start_timeout_s,
+                                      "tls": tls, "pipeline": pipeline}
         cmd = [sys.executable, "-m", "cloud.cli", "envs", "serve", "--env", env_id, "--envs", str(envs),
                "--port", "0", "--seed", str(seed), *tls.flags()]
+        if pipeline is not None:
+            cmd += ["--frame-stack", str(pipeline.frame_stack), "--obs-codec", pipeline.obs_codec]
         if trust:
             cmd += ["--trust", *trust]
         if param_server:
@@ -118,6 +136,16 @@ class ServiceProcess:
                 raise DecoupledError(f"ServiceProcess: `strata envs serve --env {env_id}` did not start: {err}")
         self.address = line.rsplit(" on ", 1)[1].strip()
 
+    @property
+    def seed(self) -> int:
+        """The seed the service was started with."""
+        return int(self._args["seed"])
+
+    def restarted(self, *, seed: int) -> ServiceProcess:
+        """Stop this process (if it still runs) and start another with the same arguments and seed `seed`."""
+        self.stop()
+        return ServiceProcess(**{**self._args, "seed": seed})
+
     def stop(self) -> None:
         """Terminate the process (kill after 5 s)."""
         if self.proc.poll() is None:
@@ -133,17 +161,19 @@ class ServiceProcess:
 
 
 def start_services(env_id: str, *, count: int, envs: int, seed: int = 0, param_server: str = "",
-                   policy: str = "", trust: Sequence[str] = (), tls: ServiceTLS = PLAINTEXT) -> list[ServiceProcess]:
+                   policy: str = "", trust: Sequence[str] = (), tls: ServiceTLS = PLAINTEXT,
+                   pipeline: ObsPipeline | None = None) -> list[ServiceProcess]:
     """Start `count` env-service subprocesses of `envs` envs each (seeds spaced by `envs`).
 
     `trust` names public-key files the services verify pushed bundles with; `tls` is the option set they serve
-    with (their clients need the same run's credentials).
+    with (their clients need the same run's credentials); `pipeline` is the observation pipeline they make their
+    envs with (and whose codec their replies travel in).
     """
     started: list[ServiceProcess] = []
     try:
         for i in range(count):
             started.append(ServiceProcess(env_id, envs=envs, seed=seed + i * envs, param_server=param_server,
-                                          policy=policy, trust=trust, tls=tls))
+                                          policy=policy, trust=trust, tls=tls, pipeline=pipeline))
     except BaseException:
         for p in started:
             p.stop()
@@ -340,7 +370,8 @@ def decoupled_vector_env_class() -> type:
 
 def make_decoupled_vector_env(env_id: str, *, num_envs: int, seed: int, services: str | Sequence[str] = "",
                               envs_per_service: int = 0, spares: int = 0, timeout_s: float = 5.0,
-                              autoreset: str = "same_step", tls: ServiceTLS = PLAINTEXT) -> Any:
+                              autoreset: str = "same_step", tls: ServiceTLS = PLAINTEXT,
+                              pipeline: ObsPipeline | None = None) -> Any:
     """A `DecoupledVectorEnv` over `services` (``HOST:PORT,...``), or over services it starts itself.
 
     Registered as the `cloud.rollout._envs.make_vector_env` builder of ``mode="decoupled"`` (below). With no
@@ -357,7 +388,8 @@ def make_decoupled_vector_env(env_id: str, *, num_envs: int, seed: int, services
         if num_envs % per:
             raise DecoupledError(f"make_decoupled_vector_env: num_envs={num_envs} is not a multiple of "
                                  f"envs_per_service={per}")
-        started = start_services(env_id, count=num_envs // per + spares, envs=per, seed=seed, tls=tls)
+        started = start_services(env_id, count=num_envs // per + spares, envs=per, seed=seed, tls=tls,
+                                 pipeline=pipeline)
         addresses = [p.address for p in started]
     try:
         env = decoupled_vector_env_class()(addresses, num_envs=num_envs, timeout_s=timeout_s, autoreset=autoreset,
@@ -419,7 +451,10 @@ class _DecoupledVectorEnvImpl:
                                         dtype=self.single_observation_space.dtype)
         self._pending_reset: dict[int, np.ndarray] = {}  # active index -> obs of a spare that took over
         self.failovers: list[str] = []
+        self.restarts: list[str] = []
+        """Addresses of the dead services this env restarted (its own ones), one entry per attempt."""
         self._owned: list[ServiceProcess] = []
+        self._timeout_s, self._tls = timeout_s, tls
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
               ) -> tuple[np.ndarray, dict[str, Any]]:
@@ -444,8 +479,45 @@ class _DecoupledVectorEnvImpl:
             log.warning("DecoupledVectorEnv: env service %s is dead or hung; its %d envs moved to spare %s (their "
                         "episodes end as truncated)", client.target, k, spare.target)
             return
+        if self._restart(a):
+            return
         raise DecoupledError(f"DecoupledVectorEnv: env service {client.target} is dead or hung and no spare with "
                              f"{k} envs is left; pass more services than num_envs needs")
+
+    def _restart(self, a: int) -> bool:
+        """Start a new service in place of active service `a`, if this env started the dead one itself.
+
+        At most `RESTARTS` restarts over the env's life, each after a backoff that doubles (`RESTART_BACKOFF_S`);
+        each is logged and counted in `restarts`. False when the service is someone else's or the budget is spent.
+        """
+        client, start, k = self._active[a]
+        owned = next((i for i, p in enumerate(self._owned) if p.address == client.target), None)
+        if owned is None:
+            return False
+        while len(self.restarts) < RESTARTS:
+            attempt = len(self.restarts)
+            time.sleep(RESTART_BACKOFF_S * 2 ** attempt)
+            self.restarts.append(client.target)
+            try:
+                process = self._owned[owned].restarted(seed=self._owned[owned].seed + 7919 * (attempt + 1))
+            except DecoupledError as exc:
+                log.warning("DecoupledVectorEnv: restart %d of %d of env service %s failed: %s", attempt + 1,
+                            RESTARTS, client.target, str(exc).splitlines()[0][:200])
+                continue
+            self._owned[owned] = process
+            [(target, name)] = discover_services([process.address])
+            fresh = EnvServiceClient(target, timeout_s=self._timeout_s, tls=self._tls, server_name=name)
+            try:
+                self._pending_reset[a] = fresh.reset()
+            except ServiceUnavailableError:
+                fresh.close()
+                continue
+            client.close()
+            self._active[a] = (fresh, start, k)
+            log.warning("DecoupledVectorEnv: env service %s died; restarted it as %s (restart %d of %d; its %d "
+                        "envs' episodes end as truncated)", client.target, process.address, attempt + 1, RESTARTS, k)
+            return True
+        return False
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every env: one batched Step call per service, all in flight at once."""
@@ -488,11 +560,17 @@ class _DecoupledVectorEnvImpl:
         return self._obs.copy(), rewards, terms, truncs, infos
 
     def close_extras(self, **kwargs: Any) -> None:
-        """Close the channels, and stop the services this env started itself (others keep running)."""
-        for c, _, _ in self._active:
-            c.close()
-        for c in self._spares:
-            c.close()
+        """Close the channels, and stop the services this env started itself (others keep running).
+
+        A channel whose call a stop interrupted can wait for ever in grpc's close (seen after a restart): each
+        closes in a daemon thread, waited for a few seconds at most.
+        """
+        closing = [threading.Thread(target=c.close, name="strata-channel-close", daemon=True)
+                   for c in [c for c, _, _ in self._active] + self._spares]
+        for thread in closing:
+            thread.start()
+        for thread in closing:
+            thread.join(CLOSE_S)
         for p in self._owned:
             p.stop()
 

@@ -19,7 +19,10 @@ over the pipe and answer over it.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,7 +39,7 @@ from gymnasium.vector.utils import write_to_shared_memory
 from cloud.rollout._infocodec import encode_info
 from cloud.rollout._pool_spin import Spinner
 from cloud.rollout._shm import ShmArena, ShmLayout, attach
-from functions._lifetime import pid_alive, watch_parent
+from functions._lifetime import GRACE_S, pid_alive, watch_parent
 
 log = logging.getLogger(__name__)
 
@@ -417,6 +420,33 @@ class _EnvsFailed(Exception):
     """Internal: one or more envs raised; their error records are in `args[0]` (or collected by the caller)."""
 
 
+def quiet_on_group_signals(parent_pid: int) -> Callable[[], None]:
+    """A worker ignores the signals a process group gets while its parent lives; returns what runs once it is gone.
+
+    Ctrl-C and SIGTERM/SIGHUP reach the whole process group (a terminal, `timeout`, systemd, ``kill -- -PGID``):
+    while the parent lives it alone reports and closes its workers (a forked worker would otherwise run the parent's
+    handler and print a `StopSignal` traceback). The returned function is `watch_parent`'s action when the parent
+    is gone: the worker then leaves its loop quietly (SIGTERM), or is killed after a grace period.
+    """
+    gone = threading.Event()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def handler(signum: int, frame: Any) -> None:
+        if gone.is_set() or not pid_alive(parent_pid):
+            raise KeyboardInterrupt  # the serve loop returns on it; nothing is printed
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+    def parent_gone() -> None:
+        gone.set()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(GRACE_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return parent_gone
+
+
 def worker_main(
     spec: WorkerSpec,
     layout: ShmLayout,
@@ -428,9 +458,9 @@ def worker_main(
     limit: Semaphore | None,
 ) -> None:
     """Entry point of a worker process: build envs, then serve step commands and control messages."""
-    # SIGINT goes to the whole process group on Ctrl-C; the parent decides when its workers stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    watch_parent(spec.parent_pid)  # also when the parent is killed with SIGKILL while we compute (functions._lifetime)
+    parent_gone = quiet_on_group_signals(spec.parent_pid)
+    # Also when the parent is killed with SIGKILL while we compute (functions._lifetime).
+    watch_parent(spec.parent_pid, on_death=parent_gone)
     arrays = attach(layout, inherited)
     try:
         runner = EnvRunner(spec, arrays, pipe, gym_shm, limit)

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cloud._errors import CloudError
-from device import Bundle, RolloutBatch
+from device import Bundle, ConfigError, ObsPipeline, RolloutBatch
 from functions._errors import EventError
 from functions._events import (
     SYNC_RESPONSE_LIMIT,
@@ -105,6 +105,10 @@ class ServerlessConfig:
     """gymnasium env id simulated by the function."""
     env_kwargs: str = "{}"
     """gymnasium.make keyword arguments, as a JSON object."""
+    frame_stack: int = 1
+    """Observations stacked per step by the functions' observation pipeline (device.ObsPipeline)."""
+    obs_codec: str = "raw"
+    """Observation codec of the pipeline and of the fragments: raw, png, webp, webp:Q, jxl or jxl:Q."""
     envs_per_invocation: int = 8
     """Env streams per invocation (stepped in lockstep inside the function)."""
     steps_per_invocation: int = 256
@@ -186,6 +190,10 @@ class ServerlessConfig:
             raise ServerlessError(f"ServerlessConfig: scale_step ({self.scale_step}), scale_period_s "
                                   f"({self.scale_period_s}) and target_steps_per_s ({self.target_steps_per_s}) "
                                   "must be positive")
+        try:
+            ObsPipeline(frame_stack=self.frame_stack, obs_codec=self.obs_codec)
+        except ConfigError as exc:
+            raise ServerlessError(f"ServerlessConfig: {exc}") from None
         try:
             kwargs = json.loads(self.env_kwargs)
         except ValueError as exc:
@@ -432,7 +440,9 @@ class ServerlessRolloutSource:
         if c.carry_episodes:
             carry = lane.carry if lane.carry is not None else (None,) * c.envs_per_invocation
         return RolloutRequest(
-            rollout_id=f"{self.run_id}-{index:08d}", env=EnvSpec(id=c.env_id, kwargs=json.loads(c.env_kwargs)),
+            rollout_id=f"{self.run_id}-{index:08d}",
+            env=EnvSpec(id=c.env_id, kwargs=json.loads(c.env_kwargs),
+                        pipeline=ObsPipeline(frame_stack=c.frame_stack, obs_codec=c.obs_codec)),
             policy=self.policy, num_envs=c.envs_per_invocation, seeds=lane.seeds,
             steps=c.steps_per_invocation, fragment_length=c.fragment_length or None, source=c.source,
             actions=c.actions, stream_base=lane.stream_base, seq_base=lane.next_seq, carry=carry,

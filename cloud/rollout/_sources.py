@@ -266,13 +266,14 @@ class FragmentFeed:
         """
         import torch
 
+        from cloud.rollout._collector import evaluate
+
         obs, actions = np.array(fragment.obs), np.array(fragment.actions)
         t, n = fragment.num_steps, fragment.num_envs
         with torch.inference_mode():
             b_obs = torch.from_numpy(self._normalizer(obs.reshape(t * n, *obs.shape[2:])))
             b_act = torch.from_numpy(actions.reshape(t * n, *actions.shape[2:]))
-            logprobs, _ = self._agent.evaluate_actions(b_obs, b_act)
-            values = self._agent.get_value(b_obs)
+            logprobs, _, values = evaluate(self._agent, b_obs, b_act)
         return RolloutBatch(
             source=fragment.source, obs=obs, actions=actions, rewards=np.array(fragment.rewards),
             terminations=np.array(fragment.terminations), truncations=np.array(fragment.truncations),

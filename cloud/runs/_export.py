@@ -45,25 +45,29 @@ def policy_graph(state: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         from cloud.learners._sac import sac_policy_graph, sac_preprocessing
 
         return sac_policy_graph(state), sac_preprocessing(state["action_space"])
-    from cloud.learners._agent import Agent
+    from cloud.learners._cnn import make_agent
     from cloud.learners._ppo_config import PPOConfig
 
     config = PPOConfig.from_dict(state["config"])
     obs_space, action_space = state["observation_space"], state["action_space"]
     discrete = action_space["type"] == "Discrete"
-    agent = Agent(obs_dim=int(np.prod(obs_space["shape"])),
-                  action_dim=int(action_space["n"]) if discrete else int(np.prod(action_space["shape"])),
-                  discrete=discrete, hidden_sizes=config.hidden_sizes, sde=config.use_sde)
+    agent = make_agent(tuple(int(d) for d in obs_space["shape"]), obs_space.get("dtype", "float32"),
+                       action_dim=int(action_space["n"]) if discrete else int(np.prod(action_space["shape"])),
+                       discrete=discrete, config=config)
     agent.load_state_dict(state["agent"])  # the graph holds the mean only: gSDE's noise is for training
     normalizer = state["normalizer"]
     preprocessing: dict[str, Any] = {
         "in_graph": True,
+        # the observation pipeline the policy was trained through: the edge makes its simulators with it
+        "pipeline": config.pipeline.to_json(),
         "obs_normalization": {"enabled": bool(normalizer["enabled"]), "clip": float(normalizer["clip"]),
                               "epsilon": float(normalizer["epsilon"]),
-                              "mean": [float(v) for v in normalizer["mean"].tolist()],
-                              "var": [float(v) for v in normalizer["var"].tolist()]},
+                              "mean": [float(v) for v in normalizer["mean"].reshape(-1).tolist()],
+                              "var": [float(v) for v in normalizer["var"].reshape(-1).tolist()]},
         "action": "argmax" if discrete else "clipped_mean",
     }
+    if len(obs_space["shape"]) > 1:  # image frames: the CNN scales pixels in its graph; no statistics travel
+        preprocessing["obs_normalization"] = {"enabled": False, "pixels": "x / 255 in the graph"}
     return build_policy_graph(agent, normalizer_state=normalizer, action_space=action_space), preprocessing
 
 

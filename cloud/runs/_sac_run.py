@@ -134,15 +134,15 @@ def train_sac(config: SACConfig | None, *, env_id: str, run_dir: Path, seed: int
             trainer.load_state_dict(state, seed=seed)
         session.begin(mode=config.env_mode, step=trainer.global_step, version=trainer.global_step, control=status)
 
-        def commit(step: int, values: dict[str, float]) -> None:
-            _commit(session, trainer, step, values, log=log, ledger=ledger)
+        def logged(step: int, values: dict[str, float]) -> None:
+            _log(session, trainer, step, values, log=log, ledger=ledger)
 
         if edge is not None and ledger is not None:
             take = _fleet(edge, trainer, ledger, session=session, policy=policy or default_policy_name(env_id),
                           log=log)
-            trainer.run_fed(total_steps, take=take, on_log=commit)
+            trainer.run_fed(total_steps, take=take, on_log=logged)  # commits at log_every only: none splits a record
         else:
-            trainer.run(total_steps, on_log=commit)
+            trainer.run(total_steps, on_step=lambda step: _step(session, trainer, step), on_log=logged)
         if session.checkpointer.version != trainer.global_step:  # the budget is not a multiple of log_every
             session.commit(_state(session, trainer, ledger))
         session.finish()
@@ -208,9 +208,20 @@ def _state(session: RunSession, trainer: SACTrainer, ledger: EdgeLedger | None =
             "action_space": trainer.action_space, **trainer.state_dict(), **edge}
 
 
-def _commit(session: RunSession, trainer: SACTrainer, step: int, values: dict[str, float], *,
-            log: Callable[[str], None], ledger: EdgeLedger | None = None) -> None:
-    """Every ``log_every`` env steps: metrics, status, a commit and a progress line."""
+def _step(session: RunSession, trainer: SACTrainer, step: int) -> None:
+    """After every update: the status moves; every ``commit_every`` steps, a commit (`_log` commits its own)."""
+    session.status(state="training", step=step, policy_version=step)
+    config = trainer.config
+    if step % config.commit_every == 0 and step % config.log_every:
+        session.commit(_state(session, trainer))
+
+
+def _log(session: RunSession, trainer: SACTrainer, step: int, values: dict[str, float], *,
+         log: Callable[[str], None], ledger: EdgeLedger | None = None) -> None:
+    """Every ``log_every`` env steps: metrics and status figures, then the commit, then a progress line.
+
+    The commit comes after the line: a stop between the two keeps the previous commit, and the resume drops the line.
+    """
     window = trainer.train_returns[-20:]
     values["charts/mean_return_20"] = float(np.mean(window)) if window else math.nan
     edge: dict[str, Any] = {}

@@ -4,14 +4,15 @@ The learner (PPO in `cloud.runs._train`, SAC in `cloud.learners._sac`) drives on
 
     RUNNING ──update v complete──> commit(v): the state is cloned in memory (well under a millisecond for
         strata's small nets); every `keep_every` updates it is written durably and kept, otherwise a
-        background thread writes the newest commit as the rolling checkpoint (not fsynced; at most once per
-        `ROLLING_EVERY_S`, ``--rolling-checkpoint-s``) and removes the previous one
+        background thread writes it as the rolling checkpoint (not fsynced) and removes the previous one;
+        by default every commit (`ROLLING_EVERY_S` 0: a commit waits until the previous one is on disk),
+        or the newest at most once per ``--rolling-checkpoint-s`` seconds
     RUNNING ──Ctrl-C (SIGINT) / SIGTERM / SIGHUP / a source failure / a learner error──> STOPPING
     STOPPING: SIGINT and SIGTERM are held; the rolling writer is drained; the last commit is written
         durably as ``checkpoints/{v:09d}.pt``; `stop_line` says in one line where it is and the command
         that resumes; then the sources are closed and the error goes on (exit 130, 143, or 2)
-    SIGKILL: nothing runs; the newest rolling checkpoint (at most about `ROLLING_EVERY_S` of training
-        behind, or one update when updates take longer; with 0, one update) is the resume point; child
+    SIGKILL: nothing runs; the newest rolling checkpoint (one update behind the last commit at most, by
+        default; with an interval, about that long of training) is the resume point; child
         processes notice that their parent died
         (`functions._lifetime`) and stop, unlinking their shared memory
     RESUME: the newest checkpoint; `trim_jsonl` drops the lines of ``metrics.jsonl`` and
@@ -35,7 +36,6 @@ from typing import Any
 
 from cloud.runs._checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, save_checkpoint
 from device import ConfigError, write_atomic
-from functions._lifetime import signals_held
 
 _SIGNALS = ("SIGTERM", "SIGHUP")
 """Signals turned into `StopSignal` (SIGINT already raises KeyboardInterrupt)."""
@@ -57,20 +57,58 @@ class StopSignal(BaseException):
 
 @contextlib.contextmanager
 def stop_signals() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into `StopSignal` while the block runs (only in the main thread)."""
+    """Turn SIGTERM and SIGHUP into `StopSignal` while the block runs (only in the main thread).
+
+    SIGINT stays KeyboardInterrupt. Inside `signals_held` each is put off until the held block ends.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, frame: Any) -> None:
+        if _held[0]:  # inside `signals_held`: raised when the block ends
+            _held[1] = signum
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise StopSignal(signum)
 
-    previous = {name: signal.signal(getattr(signal, name), handler) for name in _SIGNALS}
+    previous = {name: signal.signal(getattr(signal, name), handler) for name in (*_SIGNALS, "SIGINT")}
     try:
         yield
     finally:
         for name, old in previous.items():
             signal.signal(getattr(signal, name), old)
+
+
+_held: list[Any] = [0, None]
+"""Depth of `signals_held` blocks, and the signal `stop_signals`' handler put off meanwhile."""
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP while the block runs (they are delivered when it ends).
+
+    Two layers: the main thread's signal mask, and `stop_signals`' handler, which puts off a signal that the
+    kernel delivered to another thread (a signal to the process goes to any thread that does not block it, and
+    Python then runs the handler in the main thread all the same).
+    """
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    _held[0] += 1
+    try:
+        yield
+    finally:
+        _held[0] -= 1
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        if not _held[0] and _held[1] is not None:
+            signum, _held[1] = _held[1], None
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise StopSignal(signum)
 
 
 def describe_stop(exc: BaseException) -> str:
@@ -83,8 +121,9 @@ def describe_stop(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
-ROLLING_EVERY_S = 1.0
-"""Default seconds between two rolling checkpoints (`Checkpointer`; ``--rolling-checkpoint-s``)."""
+ROLLING_EVERY_S = 0.0
+"""Default seconds between two rolling checkpoints (`Checkpointer`; ``--rolling-checkpoint-s``): 0, every update
+(``benchmarks/rolling_checkpoint.py`` measures its cost against once a second and never)."""
 
 
 class Checkpointer:
@@ -95,9 +134,9 @@ class Checkpointer:
         keep_every: Every this many updates a commit is written durably and kept.
         start_version: The version the run starts from (a stop before any commit writes nothing new).
         rolling: Write other commits in the background as the rolling checkpoint (what a SIGKILL resumes from).
-        rolling_every_s: Start a rolling write at most this often (seconds; 0: every commit). The newest commit
-            is the one written, so a SIGKILL loses at most about this long of training, or the update in flight
-            when updates take longer; on tiny networks a write per update cost more CPU than the update.
+        rolling_every_s: Start a rolling write at most this often (seconds). 0: every commit, and a commit
+            waits until the previous one is on disk, so a SIGKILL loses at most one commit. Otherwise the newest
+            commit is the one written and a SIGKILL loses about this long of training.
         save: ``save(run_dir, state, durable) -> path``; `cloud.runs._checkpoint.save_checkpoint` by default.
         clock: Monotonic seconds (tests pass their own).
     """
@@ -151,6 +190,12 @@ class Checkpointer:
                 self._drop_rolled(below=version)
         elif self._rolling:
             with self._cond:
+                if self._rolling_every_s == 0:
+                    # Every commit: the previous one is on disk before this one is handed over, so a SIGKILL
+                    # loses at most the update committed last, however loaded the machine (the writer overlaps
+                    # the next update and waits here only when it is slower than an update).
+                    while (self._pending is not None or self._writing) and not self._closed:
+                        self._cond.wait()
                 self._pending = state
                 self._cond.notify_all()
 

@@ -6,10 +6,12 @@ One iteration reads like the method; each step is a method of `PPORun`, testable
     update           one PPO update on it; the normaliser folds in the batch; the version becomes v + 1
     observe          the episodes that ended join the moving mean of returns
     switch           the switcher's boundary: a requested or rule-driven switch happens here, and is logged
+    commit           the completed update becomes what any stop keeps (before it is logged, with signals held
+                     over both: a version in metrics.jsonl is at most one update past the checkpoint a SIGKILL
+                     resumes from, and every checkpointed version has its metrics line)
     publish          metrics.jsonl, the progress display and the control endpoint's status
     decide_to_stop   the target return reached (the moving mean's crossing, or a confirmation of the greedy
                      policy); the budget is the loop's condition
-    commit           the completed update becomes what any stop keeps
 
 The run dir holds ``checkpoints/{version:09d}.pt`` (see `cloud.runs._checkpoint`) and ``metrics.jsonl``
 (see `cloud.runs._metrics`). The policy version is the number of completed PPO updates; a resumed run
@@ -46,7 +48,7 @@ from cloud.rollout._envs import make_vector_env, probe_spaces
 from cloud.runs._checkpoint import latest_checkpoint
 from cloud.runs._progress import Progress
 from cloud.runs._run import RunSession, RunSpec, open_run
-from cloud.runs._stop import ROLLING_EVERY_S
+from cloud.runs._stop import ROLLING_EVERY_S, signals_held
 from cloud.switching._modes import (
     BUNDLE_MODES,
     EDGE_MODE,
@@ -58,7 +60,7 @@ from cloud.switching._modes import (
     check_exploration,
 )
 from cloud.switching._switcher import SwitchEvent, SwitchRules
-from device import ConfigError, RolloutBatch, require, space_to_json
+from device import ConfigError, ObsPipeline, RolloutBatch, require, space_to_json
 
 RETURN_WINDOW = 20
 """Episodes in the moving mean that decides "solved" (CartPole-v1's 475 threshold is over such a mean)."""
@@ -151,6 +153,22 @@ class TargetCheck:
         return (self.confirm_episodes > 0 and self.reached(mean_return, window)
                 and version - self.last_confirm >= CONFIRM_EVERY)
 
+    def decision(self, *, stop: bool, step: int, mean_return: float) -> tuple[str, dict[str, float]]:
+        """The one log line and the metrics of a decision at the target: stop, or keep training past it."""
+        assert self.target is not None
+        values = {"decision/stop": float(stop)}
+        if self.confirm_episodes == 0:
+            return (f"target return {self.target:g} reached at step {step:,}: mean of the last {RETURN_WINDOW} "
+                    f"episodes {mean_return:.1f}; stopping"), values
+        assert self.greedy_return is not None
+        values["charts/greedy_return"] = self.greedy_return
+        greedy = (f"the deterministic policy averaged {self.greedy_return:.1f} over {self.confirm_episodes} fresh "
+                  f"episodes (training mean {mean_return:.1f})")
+        if stop:
+            return f"target return {self.target:g} confirmed at step {step:,}: {greedy}; stopping", values
+        return (f"training mean reached the target return {self.target:g} at step {step:,}, but {greedy}: below the "
+                f"target, training goes on (next check in {CONFIRM_EVERY} updates)"), values
+
     def confirm(self, version: int, evaluate: Callable[[int], float]) -> bool:
         """Run a confirmation at `version`: ``evaluate(episodes)`` is the greedy mean return; did it pass?"""
         assert self.target is not None
@@ -225,9 +243,10 @@ def train(
                     values = run.update(batch)
                     values |= run.observe(episodes)
                     values |= run.switch()
-                    run.publish(values, display)
+                    with signals_held():  # a stop between the two would keep an update metrics.jsonl never saw
+                        run.commit()
+                        run.publish(values, display)
                     run.decide_to_stop()
-                    run.commit()
         except BaseException:
             if run.switcher.history:  # a stopped run that switched still accounts for its transitions
                 log(f"strata train: {accounting_line(run.accounting())} (the interrupted rollout is not consumed)")
@@ -261,7 +280,7 @@ class PPORun:
         torch.manual_seed(spec.seed + 7919 * self.version)
         self.generator = np.random.default_rng([spec.seed, self.version])
         check_exploration(config, switching.modes)
-        obs_space, action_space = probe_spaces(spec.env_id)
+        obs_space, action_space = probe_spaces(spec.env_id, config.pipeline)
         self.learner = PPOLearner(obs_space, action_space, config, state)
         self.spaces = {"observation_space": space_to_json(obs_space), "action_space": space_to_json(action_space)}
         self.edge_ledger: EdgeLedger | None = None
@@ -306,7 +325,8 @@ class PPORun:
                                         obs_space=self.spaces["observation_space"],
                                         action_space=self.spaces["action_space"],
                                         policy=(edge.edge_policy if edge is not None and edge.edge_policy
-                                                else spec.env_id.split("-")[0].lower()), producer=producer)
+                                                else spec.env_id.split("-")[0].split("/")[-1].lower()),
+                                        producer=producer, pipeline=self.config.pipeline)
         env_seed = spec.seed if self.version == 0 else spec.seed + 104729 * self.version
         return build_switcher(env_id=spec.env_id, config=self.config, switching=switching, rules=rules,
                               run_dir=spec.run_dir, seed=env_seed, agent=learner.agent,
@@ -374,18 +394,23 @@ class PPORun:
         """Set `solved_at_step` when the target is reached: the crossing, or a passed confirmation."""
         if self._crossed is not None:
             self._solved(self._crossed.global_step)
+            self._decided(stop=True, step=self._crossed.global_step)
             return
         _, window = window_mean(self.learner.recent)
         if not self.target.confirmation_due(self.mean_return, window, self.version):
             return
         passed = self.target.confirm(self.version, lambda episodes: evaluate_greedy(
             self.learner.agent, self.learner.normalizer, self.spec.env_id, episodes=episodes,
-            seed=self.spec.seed + 1_000_003 + self.version))
-        assert self.target.greedy_return is not None
-        self.session.log(global_step=self.global_step, policy_version=self.version,
-                         values={"charts/greedy_return": self.target.greedy_return})
+            seed=self.spec.seed + 1_000_003 + self.version, pipeline=self.config.pipeline))
         if passed:
             self._solved(self.global_step)
+        self._decided(stop=passed, step=self.global_step)
+
+    def _decided(self, *, stop: bool, step: int) -> None:
+        """A decision at the target: one line in the log, one record in metrics.jsonl."""
+        line, values = self.target.decision(stop=stop, step=step, mean_return=self.mean_return)
+        self.log(f"train: {line}")
+        self.session.log(global_step=self.global_step, policy_version=self.version, values=values)
 
     def _solved(self, step: int) -> None:
         self.solved_at_step, self.solved_at_s = step, self.elapsed
@@ -431,7 +456,8 @@ def edge_metrics(ledger: EdgeLedger, version: int) -> dict[str, float]:
     return values
 
 
-def evaluate_greedy(agent: Any, normalizer: Any, env_id: str, *, episodes: int, seed: int, mode: str = "sync") -> float:
+def evaluate_greedy(agent: Any, normalizer: Any, env_id: str, *, episodes: int, seed: int, mode: str = "sync",
+                    pipeline: ObsPipeline | None = None) -> float:
     """Mean return of `agent`'s deterministic policy over `episodes` episodes, one per env of a vector env.
 
     Runs in-process (``mode="sync"`` by default) whatever source feeds the learner: a confirmation
@@ -440,7 +466,7 @@ def evaluate_greedy(agent: Any, normalizer: Any, env_id: str, *, episodes: int, 
     import torch
 
     gym = require("gymnasium", extra="cloud", purpose="evaluation environments")
-    envs = make_vector_env(env_id, num_envs=episodes, seed=seed, mode=mode)
+    envs = make_vector_env(env_id, num_envs=episodes, seed=seed, mode=mode, pipeline=pipeline)
     space = envs.single_action_space
     bounds = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
     try:

@@ -28,7 +28,7 @@ from cloud.rollout._edge import EdgeLedger, EdgeSourceConfig
 from cloud.rollout._sources import FragmentFeed, RolloutSource, VectorEnvSource
 from cloud.switching._control import RunStatus
 from cloud.switching._switcher import Switcher, SwitchRules
-from device import ConfigError
+from device import ConfigError, ObsPipeline
 from functions._secure import PLAINTEXT, ServiceTLS
 
 FRAGMENT_MODES = ("fragments", "functions")
@@ -80,7 +80,8 @@ class PolicyPublisher:
     """Exports the learner's current policy as a signed bundle, once per version."""
 
     def __init__(self, run_dir: Path, *, agent: Any, normalizer: Any, obs_space: dict[str, Any],
-                 action_space: dict[str, Any], policy: str, producer: dict[str, str] | None = None) -> None:
+                 action_space: dict[str, Any], policy: str, producer: dict[str, str] | None = None,
+                 pipeline: ObsPipeline | None = None) -> None:
         from device import generate_keypair, load_signing_key
 
         keys = Path(run_dir) / "keys"
@@ -90,6 +91,7 @@ class PolicyPublisher:
         self._key = load_signing_key(key_path)
         self._agent, self._normalizer = agent, normalizer
         self._obs_space, self._action_space, self._policy = obs_space, action_space, policy
+        self._pipeline = pipeline or ObsPipeline()
         self._producer = {"algo": "ppo", "purpose": "acting policy of a fragment source", **(producer or {})}
         self._cache: tuple[int, bytes] | None = None
 
@@ -106,6 +108,7 @@ class PolicyPublisher:
         data = build_bundle(model, policy=self._policy, version=version + 1, parent_version=version or None,
                             observation_space=self._obs_space, action_space=self._action_space,
                             signing_key=self._key, output_names=output_names(self._action_space),
+                            preprocessing={"in_graph": True, "pipeline": self._pipeline.to_json()},
                             producer=self._producer).to_bytes()
         self._cache = (version, data)
         return data
@@ -144,6 +147,7 @@ def build_switcher(*, env_id: str, config: Any, switching: SwitchingConfig, rule
     """
     from cloud.rollout._envs import VECTOR_ENV_MODES, make_vector_env
 
+    pipeline = ObsPipeline.from_config(config)
     modes = switching.modes or (config.env_mode,)
     known = {*VECTOR_ENV_MODES, *FRAGMENT_MODES, EDGE_MODE}
     unknown = [m for m in modes if m not in known]
@@ -176,13 +180,15 @@ def build_switcher(*, env_id: str, config: Any, switching: SwitchingConfig, rule
                 from cloud.rollout._decoupled import make_decoupled_vector_env
 
                 return make_decoupled_vector_env(env_id, num_envs=config.num_envs, seed=mode_seed,
-                                                 services=switching.env_services, tls=switching.tls)
+                                                 services=switching.env_services, tls=switching.tls,
+                                                 pipeline=pipeline)
             if mode == "colocated" and colocated_workers is not None:
                 from cloud.rollout._colocated import ColocatedConfig, build_colocated_vector_env
 
                 return build_colocated_vector_env(env_id, num_envs=config.num_envs, seed=mode_seed,
-                                                  config=ColocatedConfig(num_workers=colocated_workers))
-            return make_vector_env(env_id, num_envs=config.num_envs, seed=mode_seed, mode=mode)
+                                                  config=ColocatedConfig(num_workers=colocated_workers),
+                                                  pipeline=pipeline)
+            return make_vector_env(env_id, num_envs=config.num_envs, seed=mode_seed, mode=mode, pipeline=pipeline)
 
         def build(mode: str = mode, make_envs: Callable[[], Any] = make_envs) -> RolloutSource:
             return VectorEnvSource(mode, make_envs, agent=agent, normalizer=normalizer, num_steps=config.num_steps)
@@ -201,11 +207,11 @@ def measure_env(env_id: str, *, seconds: float = 0.3) -> dict[str, float]:
     """
     import tracemalloc
 
-    import gymnasium as gym
+    from device import make_env
 
     tracemalloc.start()
     try:
-        env = gym.make(env_id)
+        env = make_env(env_id)
         env.reset(seed=0)
         steps, started = 0, time.perf_counter()
         while time.perf_counter() - started < seconds:
@@ -239,6 +245,7 @@ def _edge_builder(edge: EdgeWiring, *, config: Any, run_dir: Path, agent: Any, n
 def _fragment_builder(mode: str, *, env_id: str, config: Any, switching: SwitchingConfig, seed: int, agent: Any,
                       normalizer: Any, publisher: PolicyPublisher) -> Callable[[], RolloutSource]:
     steps = switching.fragment_steps
+    pipeline = ObsPipeline.from_config(config)
     if mode == "functions":
         # One env stream per invocation, cut into steps / num_steps update columns: an update takes
         # num_envs / columns invocations, all in flight at once.
@@ -252,7 +259,11 @@ def _fragment_builder(mode: str, *, env_id: str, config: Any, switching: Switchi
 
             serverless = ServerlessConfig(function_name=switching.function_name, env_id=env_id,
                                           envs_per_invocation=1, steps_per_invocation=steps, seed=seed,
-                                          actions="sample", source="functions", max_concurrency=invocations)
+                                          actions="sample", source="functions", max_concurrency=invocations,
+                                          frame_stack=pipeline.frame_stack, obs_codec=pipeline.obs_codec,
+                                          # small CNN bundles travel in the event (Lambda takes 6 MB); larger ones
+                                          # need S3 (result_bucket), which the source says when it refuses one
+                                          inline_bundle_bytes=3 << 20)
             return make_serverless_source(switching.functions, serverless,
                                           environment={"STRATA_TRUSTED_KEYS": publisher.public_key.read_text()})
 
@@ -265,7 +276,7 @@ def _fragment_builder(mode: str, *, env_id: str, config: Any, switching: Switchi
 
         envs_per_service = max(1, config.num_envs // 2)
         services = start_services(env_id, count=2, envs=envs_per_service, seed=seed,
-                                  trust=[str(publisher.public_key)])
+                                  trust=[str(publisher.public_key)], pipeline=pipeline)
         return FragmentSource([s.address for s in services], steps=config.num_steps, inflight=1, owned=services)
 
     return lambda: FragmentFeed(mode, make_services, bundle_for=publisher.bundle, agent=agent,

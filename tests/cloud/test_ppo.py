@@ -285,7 +285,10 @@ def test_progress_bar_and_progress_lines(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("obs_space", "action_space", "message"), [
     (gym.spaces.Box(0, 1, (2, 3)), gym.spaces.Discrete(2),
-     "X: observation space Box(0.0, 1.0, (2, 3), float32) is not flat; strata's PPO needs a 1-D Box observation"),
+     "X: observation space Box(0.0, 1.0, (2, 3), float32) is not flat or an image; strata's learners need a 1-D Box"),
+    (gym.spaces.Box(0, 255, (8, 8, 3), np.uint8), gym.spaces.Discrete(2),
+     "X: image observations of shape (8, 8, 3) are not [H, W], [H, W, C] or a frame stack [k, H, W, C] of frames "
+     "at least 36 x 36"),
     (gym.spaces.Box(0, 1, (3,)), gym.spaces.MultiBinary(2),
      "X: action space MultiBinary(2) is not supported; strata's PPO needs a Discrete or a Box action space"),
     (gym.spaces.Box(0, 1, (3,)), gym.spaces.Discrete(2, start=1),
@@ -296,6 +299,13 @@ def test_check_spaces_names_the_space(obs_space: gym.Space, action_space: gym.Sp
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_spaces("X", obs_space, action_space)
+
+
+@pytest.mark.parametrize("shape", [(40, 40), (40, 40, 3), (4, 40, 40, 3), (96, 96, 1)])
+def test_check_spaces_admits_image_frames(shape: tuple[int, ...]) -> None:
+    from cloud.rollout._envs import check_spaces
+
+    check_spaces("X", gym.spaces.Box(0, 255, shape, np.uint8), gym.spaces.Discrete(2))
 
 
 def test_the_first_crossing_is_the_episode_that_took_the_window_over_the_target() -> None:
@@ -460,3 +470,23 @@ def test_a_gsde_run_redraws_its_noise_resumes_and_exports_its_mean(tmp_path: Pat
     finally:
         envs.close()
     assert draws == [2, 2, 2, 2]  # steps 0, 8, 16, 24
+
+
+def test_every_decision_at_the_target_is_one_log_line_and_one_metrics_record(tmp_path: Path) -> None:
+    from cloud.runs._train import TargetCheck
+
+    config = PPOConfig(num_envs=4, num_steps=64, update_epochs=1, hidden_sizes=(8,))
+    lines: list[str] = []
+    plain = train(env_id="CartPole-v1", total_steps=100_000, run_dir=tmp_path / "plain", config=config,
+                  target_return=0.0, progress=False, log=lines.append)
+    [line] = [line for line in lines if "stopping" in line or "goes on" in line]
+    assert line.startswith(f"train: target return 0 reached at step {plain.solved_at_step:,}: mean of the last 20 ")
+    assert [r["decision/stop"] for r in read_metrics(tmp_path / "plain") if "decision/stop" in r] == [1.0]
+    # A confirmation the deterministic policy fails: the run goes on, and says why.
+    check = TargetCheck(100.0, confirm_episodes=5)
+    assert not check.confirm(7, lambda episodes: 42.0)
+    line, values = check.decision(stop=False, step=4096, mean_return=120.0)
+    assert line == ("training mean reached the target return 100 at step 4,096, but the deterministic policy averaged "
+                    "42.0 over 5 fresh episodes (training mean 120.0): below the target, training goes on (next "
+                    "check in 5 updates)")
+    assert values == {"decision/stop": 0.0, "charts/greedy_return": 42.0}

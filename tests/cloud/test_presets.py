@@ -80,8 +80,10 @@ def test_presets_nobody_ran_say_so() -> None:
     lunar = find_preset("sac", "LunarLanderContinuous-v3")
     assert lunar is not None and lunar.is_verified
     assert not dataclasses.replace(lunar, verified=f"from the Zoo, {UNVERIFIED}").is_verified
-    # Every shipped preset has been run by strata (the text says what it measured).
-    assert all(p.is_verified for algo in ("ppo", "sac") for p in load_presets(algo).values())
+    # Every shipped preset has been run by strata (the text says what it measured), except CarRacing-v3's: the
+    # image preset's 4M steps were out of reach of the machine it was written on, and its text says so.
+    unverified = {(algo, env) for algo in ("ppo", "sac") for env, p in load_presets(algo).items() if not p.is_verified}
+    assert unverified == {("ppo", "CarRacing-v3")}
 
 
 def test_a_run_given_its_budget_trains_it_without_the_presets_stop() -> None:
@@ -196,3 +198,13 @@ def test_train_cli_says_which_preset_it_uses(tmp_path: Path) -> None:
     assert preset is not None
     assert (config["num_envs"], config["num_steps"]) == (2, 16)  # the flags given
     assert config["gamma"] == preset.config["gamma"] != 0.98  # the preset's, not PPOConfig's default
+
+
+def test_the_carracing_preset_trains_a_cnn_on_stacked_frames_with_lossless_webp_on_the_wire() -> None:
+    from device import ObsPipeline
+
+    preset = find_preset("ppo", "CarRacing-v3")
+    assert preset is not None and preset.extra == "box2d" and preset.solved == 900.0
+    config = preset.make_config()
+    assert config.pipeline == ObsPipeline(frame_stack=2, obs_codec="webp") and config.network == "auto"
+    assert (config.normalize_obs, config.use_sde) == (False, False)  # the CNN scales pixels itself; no gSDE

@@ -112,3 +112,43 @@ def test_sac_resume_from_the_cli_keeps_the_policy(tmp_path: Path) -> None:
     assert resumed.returncode == 0, resumed.stderr
     assert "SAC, 75 env steps" in resumed.stdout
     assert np.isfinite([r.get("losses/qf1_loss", 0.0) or 0.0 for r in read_metrics(run)]).all()
+
+
+def test_resume_of_a_finished_sac_run_says_so_and_touches_nothing(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    flags = ("--algo", "sac", "--env", "Pendulum-v1", "--run-dir", str(run), "--hidden-sizes", "16",
+             "--batch-size", "16", "--learning-starts", "32", "--buffer-size", "500", "--log-every", "25",
+             "--eval-episodes", "1", "--replay", "local", "--no-control", "--total-steps", "50")
+    assert run_strata("train", *flags).returncode == 0
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    again = run_strata("train", *flags, "--resume")
+    assert again.returncode == 0, again.stderr
+    assert f"run dir {run} holds a finished SAC run (50 env steps" in again.stdout
+    assert "pass a --total-steps above 50 to train it further" in again.stdout
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # no duplicate rows, no new files
+
+
+def test_sac_status_moves_every_step_and_commits_every_commit_every(tmp_path: Path) -> None:
+    from cloud.runs._run import RunSession
+
+    statuses: list[int] = []
+    commits: list[int] = []
+    original_status, original_commit = RunSession.status, RunSession.commit
+
+    def status(self: RunSession, **values: Any) -> None:
+        if "step" in values:
+            statuses.append(values["step"])
+        original_status(self, **values)
+
+    def commit(self: RunSession, state: dict[str, Any]) -> None:
+        commits.append(int(state["version"]))
+        original_commit(self, state)
+
+    config = SACConfig(hidden_sizes=(16,), batch_size=16, learning_starts=32, buffer_size=500, log_every=40,
+                       commit_every=15, eval_episodes=1, replay="local")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RunSession, "status", status)
+        patch.setattr(RunSession, "commit", commit)
+        train_sac(config, env_id="Pendulum-v1", run_dir=tmp_path, seed=0, total_steps=90, log=lambda line: None)
+    assert list(dict.fromkeys(statuses)) == list(range(1, 91))  # every step (a log step reports twice)
+    assert commits == [15, 30, 40, 45, 60, 75, 80, 90]

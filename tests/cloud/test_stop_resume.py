@@ -47,7 +47,7 @@ def metric_lines(run: Path) -> int:
 
 
 @contextlib.contextmanager
-def training(run: Path, *extra: str) -> Iterator[subprocess.Popen[str]]:
+def training(run: Path, *extra: str, group: bool = False) -> Iterator[subprocess.Popen[str]]:
     """`strata train` with a budget it never reaches, killed on the way out if the test left it running; its output
     goes to files (a pipe would stay open as long as any child that inherited it lives, hiding the failure this
     module looks for)."""
@@ -55,11 +55,15 @@ def training(run: Path, *extra: str) -> Iterator[subprocess.Popen[str]]:
     with (run.parent / "stdout").open("w") as out, (run.parent / "stderr").open("w") as err:
         proc = subprocess.Popen([STRATA, "train", "--env", "CartPole-v1", "--total-steps", "10000000", "--run-dir",
                                  str(run), "--checkpoint-every", "1000", *TINY, *extra], stdout=out, stderr=err,
-                                text=True)
+                                text=True, start_new_session=group,  # group: its own process group, to signal
+                                env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     try:
         yield proc
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # a hung run: its threads' stacks go to its stderr file (faulthandler), then it dies
+            proc.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
             proc.kill()
             proc.wait()
 
@@ -232,6 +236,46 @@ def test_rolling_checkpoints_are_written_at_most_once_per_interval_and_drain_wri
             Checkpointer(tmp_path, keep_every=1, start_version=0, rolling_every_s=bad)
 
 
+def test_a_commit_waits_until_the_previous_rolling_checkpoint_is_on_disk(tmp_path: Path) -> None:
+    """Every update's checkpoint (the default): the writer may lag by one commit, never more, however slow it is."""
+    release, started = threading.Event(), threading.Event()
+    saved: list[int] = []
+
+    def save(run_dir: Path, state: dict[str, Any], durable: bool) -> Path:
+        started.set()
+        assert release.wait(WAIT_S)
+        path = save_checkpoint(run_dir, state, durable=durable)
+        saved.append(state["version"])
+        return path
+
+    checkpointer = Checkpointer(tmp_path, keep_every=1000, start_version=0, save=save)
+    try:
+        checkpointer.commit({"version": 1, "format": 1})
+        assert started.wait(WAIT_S)  # the writer holds version 1 (it is slow)
+        second = threading.Thread(target=checkpointer.commit, args=({"version": 2, "format": 1},))
+        second.start()
+        second.join(0.5)
+        assert second.is_alive()  # commit 2 waits for version 1 to be on disk
+        release.set()
+        second.join(WAIT_S)
+        assert not second.is_alive()
+        assert saved[0] == 1
+    finally:
+        release.set()
+        checkpointer.close()
+
+
+def test_sigkill_of_a_colocated_run_loses_at_most_one_update(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    with training(run) as proc:  # co-located, the default rolling checkpoint
+        wait_for(lambda: metric_lines(run) >= 6 and latest_checkpoint(run), "six updates and a checkpoint")
+        proc.kill()
+        proc.wait(WAIT_S)
+    state = load_checkpoint(latest_checkpoint(run))  # type: ignore[arg-type]
+    assert max(r["policy_version"] for r in read_metrics(run)) - int(state["version"]) <= 1
+    assert_resumes_exactly(run)
+
+
 def test_stop_signals_turns_sigterm_into_an_exception() -> None:
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(StopSignal) as info, stop_signals():
@@ -290,11 +334,10 @@ def shm_segments(pid: int) -> list[str]:
 def test_nothing_outlives_the_trainer_in_any_mode(signum: int, tmp_path: Path) -> None:
     """Functions (runtime + workers), decoupled (2 env services) and co-located (pool workers), all warm."""
     run = tmp_path / "run"
-    # Rolling checkpoints of every update (the default writes at most one a second): the loss is then bounded in
-    # updates, which a test can check without reading the clock.
-    with training(run, "--modes", "functions", "decoupled", "colocated", "--fragment-steps", "16",
-                  "--rolling-checkpoint-s", "0") as proc:
-        wait_for(lambda: metric_lines(run) >= 3, "three updates in the functions mode")
+    # The default writes the rolling checkpoint of every update, so the loss is bounded in updates. The kill waits for
+    # the event it is about: a checkpoint on disk (the writer runs in the background and may lag under load).
+    with training(run, "--modes", "functions", "decoupled", "colocated", "--fragment-steps", "16") as proc:
+        wait_for(lambda: metric_lines(run) >= 3 and latest_checkpoint(run), "three updates and a checkpoint")
         children = descendants(proc.pid)
         lines = [cmdline(pid) for pid in children]
         assert sum("envs serve" in line for line in lines) == 2, lines
@@ -308,11 +351,78 @@ def test_nothing_outlives_the_trainer_in_any_mode(signum: int, tmp_path: Path) -
     wait_for(lambda: not shm_segments(proc.pid), "the pool's shared memory to be unlinked")
     state = load_checkpoint(latest_checkpoint(run))  # type: ignore[arg-type]
     logged = max(r["policy_version"] for r in read_metrics(run))
-    # Steps lost: at most the update being logged and the rolling checkpoint being written when it stopped.
-    assert logged - int(state["version"]) <= (1 if signum == signal.SIGTERM else 2)
+    # Lost: at most one logged update (a commit waits until the previous one is on disk, and comes before its log line).
+    assert logged - int(state["version"]) <= 1
     if signum == signal.SIGTERM:
         assert "stopped by SIGTERM" in out
     assert_resumes_exactly(run)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_whole_process_group_is_reported_once_by_the_trainer(signum: int, tmp_path: Path) -> None:
+    """What `timeout`, systemd and a terminal's Ctrl-C send: every process of the group gets the signal."""
+    run = tmp_path / "run"
+    with training(run, "--modes", "colocated", "decoupled", group=True) as proc:
+        wait_for(lambda: metric_lines(run) >= 3, "three updates")
+        children = descendants(proc.pid)
+        assert any("envs serve" in cmdline(pid) for pid in children) and shm_segments(proc.pid)
+        os.killpg(proc.pid, signum)
+        out, err = stopped(proc, run)
+    assert proc.returncode == 128 + signum, err
+    assert "Traceback" not in err and "StopSignal" not in err, err
+    assert len([line for line in out.splitlines() if "stopped by" in line]) == 1, out
+    wait_for(lambda: not still_running(children), "every child of the trainer to exit")
+    wait_for(lambda: not shm_segments(proc.pid), "the pool's shared memory to be unlinked")
+    assert_resumes_exactly(run)
+
+
+@pytest.mark.parametrize(("signum", "group"), [
+    (signal.SIGTERM, False), pytest.param(signal.SIGINT, True, marks=pytest.mark.slow)])
+def test_a_signal_stops_every_hybrid_unit_at_one_update_with_the_resume_command(signum: int, group: bool,
+                                                                                tmp_path: Path) -> None:
+    """To the launcher alone (`kill PID`) or to the whole group (Ctrl-C): exit 128+N, no torch noise, nothing left."""
+    run = tmp_path / "run"
+    hybrid = ("--modes", "hybrid", "sync", "--units", "2")
+    with training(run, *hybrid, group=group) as proc:
+        wait_for(lambda: metric_lines(run) >= 3 and latest_checkpoint(run), "three updates and a checkpoint")
+        children = descendants(proc.pid)
+        if group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        out, err = stopped(proc, run)
+    assert proc.returncode == 128 + signum, err
+    assert "Traceback" not in err and "Unable to shutdown" not in err and "death signal" not in err, err
+    [line] = [line for line in out.splitlines() if "stopped by" in line]
+    state = load_checkpoint(latest_checkpoint(run))  # type: ignore[arg-type]
+    version, step = int(state["version"]), int(state["global_step"])
+    assert f"stopped by {signal.Signals(signum).name} at step {step:,} (policy version {version})" in line
+    assert line.endswith("--modes hybrid sync --units 2 --resume")
+    wait_for(lambda: not still_running(children), "every unit and worker to exit")
+    if not group:
+        resumed = run_strata("train", "--env", "CartPole-v1", "--run-dir", str(run), "--resume", "--total-steps",
+                             str(step + 2 * 2 * STEPS_PER_UPDATE), "--no-control", *hybrid)
+        assert resumed.returncode == 0, resumed.stderr
+        assert [r["policy_version"] for r in read_metrics(run)] == list(range(1, version + 3))
+
+
+@pytest.mark.slow
+def test_a_lost_hybrid_unit_is_one_line_from_the_survivor_and_exit_2(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    with training(run, "--modes", "hybrid", "sync", "--units", "2") as proc:
+        wait_for(lambda: metric_lines(run) >= 3 and latest_checkpoint(run), "three updates and a checkpoint")
+        units = sorted(pid for pid in descendants(proc.pid) if "spawn_main" in cmdline(pid)
+                       and _stat(pid) is not None and _stat(pid)[0] == proc.pid)  # type: ignore[index]
+        children = descendants(proc.pid)
+        os.kill(units[-1], signal.SIGKILL)  # unit 1 (started after unit 0)
+        out, err = stopped(proc, run)
+    assert proc.returncode == 2, err
+    assert "Traceback" not in err and "RuntimeError" not in err, err
+    [line] = [line for line in out.splitlines() if "stopped by" in line]
+    assert "stopped by HybridError: train --modes hybrid: unit 0 lost a peer unit (" in line
+    assert line.endswith("--modes hybrid sync --units 2 --resume")
+    assert err.strip().splitlines()[-1].startswith("strata train: error: train --modes hybrid: unit 1 failed: ")
+    wait_for(lambda: not still_running(children), "every unit and worker to exit")
 
 
 # -- a dead env service ----------------------------------------------------------------------------------
@@ -330,11 +440,26 @@ def switch_records(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_a_dead_env_service_fails_over_to_colocated_and_is_logged(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def external_services(count: int) -> Iterator[list[Any]]:
+    """`count` env services of one CartPole each, started here: someone else's to the trainer (never restarted)."""
+    from cloud.rollout._decoupled import start_services
+
+    services = start_services("CartPole-v1", count=count, envs=1)
+    try:
+        yield services
+    finally:
+        for service in services:
+            service.stop()
+
+
+def test_a_dead_external_env_service_fails_over_to_colocated_and_is_logged(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    with training(run, "--modes", "decoupled", "colocated") as proc:
+    with external_services(2) as services, \
+            training(run, "--modes", "decoupled", "colocated", "--env-services",
+                     ",".join(s.address for s in services)) as proc:
         wait_for(lambda: metric_lines(run) >= 3, "three updates in the decoupled mode")
-        kill_one_env_service(proc)
+        services[0].proc.kill()
         failover = wait_for(lambda: [r for r in switch_records(run) if r["trigger"] == "auto"], "the failover")
         at = metric_lines(run)
         wait_for(lambda: metric_lines(run) >= at + 3, "three updates after the failover")
@@ -350,11 +475,12 @@ def test_a_dead_env_service_fails_over_to_colocated_and_is_logged(tmp_path: Path
     assert_resumes_exactly(run)
 
 
-def test_a_dead_env_service_with_nowhere_to_go_stops_the_run_with_a_checkpoint(tmp_path: Path) -> None:
+def test_a_dead_external_env_service_with_nowhere_to_go_stops_the_run_with_a_checkpoint(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    with training(run, "--modes", "decoupled") as proc:
+    with external_services(2) as services, \
+            training(run, "--modes", "decoupled", "--env-services", ",".join(s.address for s in services)) as proc:
         wait_for(lambda: metric_lines(run) >= 3, "three updates in the decoupled mode")
-        kill_one_env_service(proc)
+        services[0].proc.kill()
         out, err = stopped(proc, run)
     assert proc.returncode == 2, err
     assert "Traceback" not in err and "strata train: error: DecoupledVectorEnv: env service" in err
@@ -362,6 +488,25 @@ def test_a_dead_env_service_with_nowhere_to_go_stops_the_run_with_a_checkpoint(t
     assert "stopped by DecoupledError: " in line and line.endswith("--resume")
     state = load_checkpoint(latest_checkpoint(run))  # type: ignore[arg-type]
     assert max(r["policy_version"] for r in read_metrics(run)) - int(state["version"]) <= 1
+
+
+def test_a_dead_env_service_the_job_started_is_restarted(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    with training(run, "--modes", "decoupled") as proc:
+        wait_for(lambda: metric_lines(run) >= 3, "three updates in the decoupled mode")
+        killed = kill_one_env_service(proc)
+        wait_for(lambda: "restarted it as" in (run.parent / "stderr").read_text(), "the restart's log line")
+        at = metric_lines(run)
+        wait_for(lambda: metric_lines(run) >= at + 3, "three updates after the restart")
+        services = [pid for pid in descendants(proc.pid) if "envs serve" in cmdline(pid)]
+        proc.send_signal(signal.SIGTERM)
+        out, err = stopped(proc, run)
+    assert proc.returncode == 143, err
+    assert len(services) == 2 and killed not in services
+    [restart] = [line for line in err.splitlines() if "restarted it as" in line]
+    assert "died; restarted it as 127.0.0.1:" in restart and "(restart 1 of 3;" in restart
+    assert "Traceback" not in err and "stopped by SIGTERM" in out
+    assert_resumes_exactly(run)
 
 
 def test_failover_between_env_services_is_logged(caplog: pytest.LogCaptureFixture) -> None:
