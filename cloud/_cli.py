@@ -309,7 +309,7 @@ def _train(args: argparse.Namespace, plan: TrainPlan) -> int:
     from cloud.runs._metrics import METRICS_FILE
     from cloud.runs._run import resume_command
     from cloud.runs._stop import StopSignal
-    from cloud.runs._train import train
+    from cloud.runs._train import accounting_line, train
 
     if plan.learner == "hybrid":
         return train_hybrid(args, plan.unit)
@@ -331,9 +331,7 @@ def _train(args: argparse.Namespace, plan: TrainPlan) -> int:
         print(f"strata train: switched {event.from_mode} -> {event.to_mode} at step {event.at_step:,} "
               f"({event.trigger}: {event.reason}); pause {event.pause_s * 1000:.0f} ms")
     if result.accounting and result.switches:
-        print(f"strata train: transitions produced {result.accounting['produced']:,}, consumed "
-              f"{result.accounting['consumed']:,}, duplicates {result.accounting['duplicates']}, "
-              f"gaps {result.accounting['gaps']}")
+        print(f"strata train: {accounting_line(result.accounting)}")
     print(f"strata train: checkpoint {result.checkpoint}; metrics {args.run_dir / METRICS_FILE}")
     return 0
 

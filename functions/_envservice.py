@@ -49,6 +49,7 @@ from device._obs_codec import ObsCodec, decode_frames, encode_frames
 from device._options import EnvId, Host, HostPort, Integer, Name, Port, Seconds, check_fields, declared
 from functions._codec import CodecError, available_codecs, decode_bytes, encode_bytes
 from functions._errors import FunctionsError
+from functions._lifetime import signals_masked
 from functions._secure import PLAINTEXT, ServiceTLS
 
 if TYPE_CHECKING:
@@ -580,7 +581,8 @@ class EnvServiceClient:
 
     def _call(self, name: str, request: Any, timeout_s: float | None = None) -> Any:
         try:
-            return getattr(self._stub, name)(request, timeout=timeout_s or self.timeout_s)
+            with signals_masked():
+                return getattr(self._stub, name)(request, timeout=timeout_s or self.timeout_s)
         except self._grpc.RpcError as exc:
             raise self._translate(name, exc) from exc
 
@@ -626,8 +628,9 @@ class EnvServiceClient:
             return status == "SERVING", str(status)
         try:
             stub = health_pb2_grpc.HealthStub(self._channel)
-            reply = stub.Check(health_pb2.HealthCheckRequest(service="strata.env.v1.EnvService"),
-                               timeout=timeout_s or self.timeout_s, wait_for_ready=wait_for_ready)
+            with signals_masked():
+                reply = stub.Check(health_pb2.HealthCheckRequest(service="strata.env.v1.EnvService"),
+                                   timeout=timeout_s or self.timeout_s, wait_for_ready=wait_for_ready)
         except self._grpc.RpcError as exc:
             from functions._secure import refusal, unavailable_hint
 
@@ -649,12 +652,14 @@ class EnvServiceClient:
         """Start a Step call; finish it with `step_result`."""
         req = self._pb.StepRequest(envs=list(envs), autoreset=autoreset,
                                    actions=encode_tensors(self._pb.Tensors, {}, {"actions": np.asarray(actions)}))
-        return self._stub.Step.future(req, timeout=self.timeout_s)
+        with signals_masked():
+            return self._stub.Step.future(req, timeout=self.timeout_s)
 
     def step_result(self, future: Any) -> dict[str, np.ndarray]:
         """Wait for a Step call started by `step_future` and decode its arrays."""
         try:
-            reply = future.result()
+            with signals_masked():
+                reply = future.result()
         except self._grpc.RpcError as exc:
             raise self._translate("Step", exc) from exc
         return decode_tensors(reply.result)[1]
@@ -680,12 +685,14 @@ class EnvServiceClient:
         """Start a Rollout call of `steps` steps; finish it with `rollout_result`."""
         req = self._pb.RolloutRequest(steps=steps, min_version=min_version, codec=codec,
                                       refresh_policy=refresh_policy)
-        return self._stub.Rollout.future(req, timeout=self.timeout_s)
+        with signals_masked():
+            return self._stub.Rollout.future(req, timeout=self.timeout_s)
 
     def rollout_result(self, future: Any) -> RolloutBatch:
         """Wait for a Rollout call and decode its fragment."""
         try:
-            reply = future.result()
+            with signals_masked():
+                reply = future.result()
         except self._grpc.RpcError as exc:
             raise self._translate("Rollout", exc) from exc
         return RolloutBatch.from_bytes(decode_bytes(reply.batch))

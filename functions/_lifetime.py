@@ -19,7 +19,7 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 PARENT_ENV = "STRATA_PARENT_PID"
 """Environment variable naming the pid a child must not outlive."""
@@ -108,3 +108,21 @@ def watch_parent(parent: int | None = None, *, on_death: Callable[[], None] | No
     thread = threading.Thread(target=watch, name="strata-parent-watch", daemon=True)
     thread.start()
     return thread
+
+
+@contextlib.contextmanager
+def signals_masked() -> Iterator[None]:
+    """Block SIGINT, SIGTERM and SIGHUP in the main thread while the block runs (they are delivered when it ends).
+
+    For a gRPC call: an exception raised by a signal handler while a call waits can orphan it, and closing its
+    channel then waits for ever. (A training run's stop path has the fuller `cloud.runs._stop.signals_held`.)
+    """
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

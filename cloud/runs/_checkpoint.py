@@ -127,12 +127,26 @@ def reading(path: Path | None) -> Iterator[None]:
 
 
 def load_latest_checkpoint(run_dir: Path, *, caller: str) -> dict[str, Any]:
-    """Load the newest checkpoint of `run_dir`, or raise `ConfigError` naming `caller` when there is none."""
-    path = latest_checkpoint(run_dir)
-    if path is None:
-        raise ConfigError(f"{caller}: run dir {str(run_dir)!r} has no checkpoints under {CHECKPOINT_DIR}/; "
-                          "train one first with `strata train --run-dir DIR ...`")
-    return load_checkpoint(path)
+    """Load the newest checkpoint of `run_dir`, or raise `ConfigError` naming `caller` when there is none.
+
+    A live run replaces its rolling checkpoint with a newer one as it goes: a newest file that is gone by the
+    time it is opened is looked up again (a few times), not reported as missing.
+    """
+    for attempt in range(LATEST_ATTEMPTS):
+        path = latest_checkpoint(run_dir)
+        if path is None:
+            raise ConfigError(f"{caller}: run dir {str(run_dir)!r} has no checkpoints under {CHECKPOINT_DIR}/; "
+                              "train one first with `strata train --run-dir DIR ...`")
+        try:
+            return load_checkpoint(path)
+        except ConfigError:
+            if path.exists() or attempt == LATEST_ATTEMPTS - 1:  # the file itself is bad, or it keeps vanishing
+                raise
+    raise AssertionError("unreachable")
+
+
+LATEST_ATTEMPTS = 10
+"""How often `load_latest_checkpoint` looks up the newest checkpoint again when the one it found vanished."""
 
 
 def resumed_config(cls: Any, run_dir: Path) -> Any:

@@ -235,18 +235,29 @@ def train(
     with RunSession(spec, start_version=int(state["version"]) if state else 0, log=log) as session:
         run = PPORun(spec, session, config=config, state=state, target=target, log=log,
                      switching=switching or SwitchingConfig(control=False), rules=rules or SwitchRules(), edge=edge)
-        with Progress(total_steps, run.global_step, log=log, env_id=env_id,
-                      enabled=sys.stdout.isatty() if progress is None else progress) as display:
-            while run.global_step < total_steps and run.solved_at_step is None:
-                batch, episodes = run.collect()
-                values = run.update(batch)
-                values |= run.observe(episodes)
-                values |= run.switch()
-                with signals_held():  # a stop between the two would keep an update metrics.jsonl never saw
-                    run.commit()
-                    run.publish(values, display)
-                run.decide_to_stop()
+        try:
+            with Progress(total_steps, run.global_step, log=log, env_id=env_id,
+                          enabled=sys.stdout.isatty() if progress is None else progress) as display:
+                while run.global_step < total_steps and run.solved_at_step is None:
+                    batch, episodes = run.collect()
+                    values = run.update(batch)
+                    values |= run.observe(episodes)
+                    values |= run.switch()
+                    with signals_held():  # a stop between the two would keep an update metrics.jsonl never saw
+                        run.commit()
+                        run.publish(values, display)
+                    run.decide_to_stop()
+        except BaseException:
+            if run.switcher.history:  # a stopped run that switched still accounts for its transitions
+                log(f"strata train: {accounting_line(run.accounting())} (the interrupted rollout is not consumed)")
+            raise
         return run.result(session.finish())
+
+
+def accounting_line(accounting: dict[str, int]) -> str:
+    """``transitions produced P, consumed C, duplicates D, gaps G``: what the learner did with its sources' output."""
+    return (f"transitions produced {accounting['produced']:,}, consumed {accounting['consumed']:,}, duplicates "
+            f"{accounting['duplicates']}, gaps {accounting['gaps']}")
 
 
 class PPORun:
@@ -423,7 +434,11 @@ class PPORun:
                            solved_at_step=self.solved_at_step, solved_at_s=self.solved_at_s,
                            solved_at_cpu_s=self.solved_at_cpu_s, greedy_return=self.target.greedy_return,
                            switches=tuple(self.switcher.history),
-                           accounting={"produced": self.switcher.produced(), **self.switcher.accounting.check()})
+                           accounting=self.accounting())
+
+    def accounting(self) -> dict[str, int]:
+        """Transitions ``produced`` by the sources; ``consumed``, ``duplicates`` and ``gaps`` seen by the learner."""
+        return {"produced": self.switcher.produced(), **self.switcher.accounting.check()}
 
 
 def _newest_version(run_dir: Path) -> int:

@@ -19,7 +19,10 @@ runtime, crashed pool workers: any `StrataError`) is failed over at once to anot
 has not failed, on the same policy version: the update is collected again there, the failed source is
 closed (a later switch to its mode starts it afresh), and the move is logged and recorded as an
 automatic switch whose reason starts with ``failover:``. Only when no mode is left does the error
-reach the learner, whose stop path checkpoints the last completed update.
+reach the learner, whose stop path checkpoints the last completed update. A warm standby source that
+died while idle (its env service or worker killed) is replaced by a fresh one when a switch or a
+failover starts it; a switch whose target will not start even then fails the request (`strata switch`
+says why) and the run stays in its mode.
 
 Manual requests (`strata switch`) and automatic rules (`SwitchRules`) go through the same path. A
 manual switch is an override: the automatic rules stay quiet for the rest of the run (an operator who
@@ -30,6 +33,7 @@ and what the learner consumed, so a loss or a duplicate is visible.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import threading
 import time
@@ -107,27 +111,67 @@ class SwitchEvent:
 
 
 @dataclass
+class SeqIntervals:
+    """The sequence numbers seen of one transition stream, kept as disjoint sorted runs (not one id each).
+
+    A stream's ids arrive in order, so it stays one run however long the run goes; memory grows only with the
+    holes and the out-of-order arrivals, never with the transitions.
+    """
+
+    lows: list[int] = field(default_factory=list)
+    highs: list[int] = field(default_factory=list)
+    size: int = 0
+    """Ids added, duplicates included."""
+
+    def add(self, seq: np.ndarray) -> None:
+        """Record the ids of `seq` (any order; repeats are counted by `duplicates`)."""
+        unique = np.unique(seq)
+        self.size += int(seq.size)
+        for run in np.split(unique, np.flatnonzero(np.diff(unique) != 1) + 1):
+            if run.size:
+                self._merge(int(run[0]), int(run[-1]))
+
+    def _merge(self, lo: int, hi: int) -> None:
+        first = bisect.bisect_left(self.highs, lo - 1)  # the first run that ends at or after lo - 1
+        last = bisect.bisect_right(self.lows, hi + 1)  # past the last run that starts at or before hi + 1
+        if first < last:
+            lo, hi = min(lo, self.lows[first]), max(hi, self.highs[last - 1])
+        self.lows[first:last] = [lo]
+        self.highs[first:last] = [hi]
+
+    @property
+    def unique(self) -> int:
+        """Distinct ids seen."""
+        return sum(h - lo + 1 for lo, h in zip(self.lows, self.highs, strict=True))
+
+    @property
+    def duplicates(self) -> int:
+        """Ids seen more than once (each repeat counts)."""
+        return self.size - self.unique
+
+    @property
+    def gaps(self) -> int:
+        """Ids missing between the smallest and the largest seen."""
+        return self.highs[-1] - self.lows[0] + 1 - self.unique if self.lows else 0
+
+
+@dataclass
 class Accounting:
     """Transitions produced per source vs consumed by the learner, with duplicate and gap checks."""
 
     consumed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    _seen: dict[tuple[str, int], list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
+    _seen: dict[tuple[str, int], SeqIntervals] = field(default_factory=lambda: defaultdict(SeqIntervals))
 
     def consume(self, batch: RolloutBatch) -> None:
         """Record that the learner used every transition of `batch` (one source's part of an update)."""
         self.consumed[batch.source] += batch.size
         for j, w in enumerate(batch.worker.tolist()):
-            self._seen[(batch.source, int(w))].append(batch.seq[:, j].copy())
+            self._seen[(batch.source, int(w))].add(batch.seq[:, j])
 
     def check(self) -> dict[str, int]:
         """Return ``{"consumed", "duplicates", "gaps"}`` over every stream seen."""
-        duplicates = gaps = 0
-        for parts in self._seen.values():
-            seq = np.sort(np.concatenate(parts))
-            duplicates += int(np.sum(seq[1:] == seq[:-1]))
-            unique = np.unique(seq)
-            gaps += int(unique[-1] - unique[0] + 1 - unique.size)
-        return {"consumed": sum(self.consumed.values()), "duplicates": duplicates, "gaps": gaps}
+        return {"consumed": sum(self.consumed.values()), "duplicates": sum(s.duplicates for s in self._seen.values()),
+                "gaps": sum(s.gaps for s in self._seen.values())}
 
 
 @dataclass
@@ -219,18 +263,40 @@ class Switcher:
         batch = parts[0] if len(parts) == 1 else RolloutBatch.concat_envs(parts, source=self.mode)
         return batch, episodes
 
+    def _start(self, mode: str, *, incarnation: int) -> None:
+        """Start `mode`'s source on fresh streams; a warm one that died while idle is replaced by a new one, once."""
+        if mode in self._sources:
+            try:
+                self._source(mode).restart(incarnation=incarnation)
+                return
+            except Exception as exc:
+                first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                self._log(f"switcher: the warm {mode} source failed to start ({first_line[:300]}); starting it anew")
+                self._drop(mode)
+        try:
+            self._source(mode).restart(incarnation=incarnation)
+        except Exception:
+            self._drop(mode)
+            raise
+
+    def _drop(self, mode: str) -> None:
+        """Close `mode`'s source and forget it (a later use builds it afresh); what it produced stays counted."""
+        source = self._sources.pop(mode, None)
+        if source is None:
+            return
+        self._produced_before += source.produced()
+        with contextlib.suppress(Exception):  # its processes may be dead already; closing must not mask the cause
+            source.close()
+
     def _fail_over(self, exc: StrataError, failed: list[str], *, step: int, version: int) -> None:
         """Move from the failed active source to the first configured mode that has not failed; else re-raise."""
         broken = self.mode
-        source = self._sources.pop(broken)
-        self._produced_before += source.produced()
-        with contextlib.suppress(Exception):  # its processes may be dead already; closing must not mask `exc`
-            source.close()
+        self._drop(broken)
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         for to in [m for m in self._builders if m not in failed]:
             started = time.perf_counter()
             try:
-                self._source(to).restart(incarnation=version)
+                self._start(to, incarnation=version)
             except Exception as start_exc:  # the next mode may still work
                 self._log(f"switcher: failover to {to} failed while starting it: {start_exc}")
                 failed.append(to)
@@ -336,6 +402,11 @@ class Switcher:
             trigger = "auto"
         try:
             event = self._switch(request.to, request.reason, trigger, step=step, version=version)
+        except SwitchError as exc:  # the target would not start: the requester hears why, the run goes on
+            request.future.set_exception(exc)
+            self._log(f"switcher: {exc}")
+            self._last_switch_update = update
+            return None
         except BaseException as exc:
             request.future.set_exception(exc)
             raise
@@ -353,7 +424,7 @@ class Switcher:
         started = time.perf_counter()
         previous = self.mode
         try:
-            self._source(to).restart(incarnation=version)
+            self._start(to, incarnation=version)
         except Exception as exc:
             raise SwitchError(f"switch {previous} -> {to} failed while starting {to}: {exc}; "
                               f"the run stays in {previous}") from exc

@@ -523,3 +523,30 @@ def test_failover_between_env_services_is_logged(caplog: pytest.LogCaptureFixtur
         assert f"env service {first.address} is dead or hung; its 1 envs moved to spare" in message
     finally:
         envs.close()
+
+
+def test_the_newest_checkpoint_of_a_live_run_is_loaded_while_rolling_ones_come_and_go(tmp_path: Path) -> None:
+    # Found by benchmarks/soak.py: `strata export` of a live run failed with "checkpoint ... does not exist" when
+    # the rolling checkpoint it had just listed was replaced by a newer one before it opened it.
+    import torch
+
+    from cloud.runs._checkpoint import load_latest_checkpoint
+
+    save_checkpoint(tmp_path, {"version": 1, "weights": torch.zeros(1000)})
+    stop = threading.Event()
+
+    def roll() -> None:
+        version = 1
+        while not stop.is_set():
+            save_checkpoint(tmp_path, {"version": version + 1, "weights": torch.zeros(1000)}, durable=False)
+            (tmp_path / "checkpoints" / f"{version:09d}.pt").unlink()
+            version += 1
+
+    roller = threading.Thread(target=roll)
+    roller.start()
+    try:
+        versions = [load_latest_checkpoint(tmp_path, caller="test")["version"] for _ in range(150)]
+    finally:
+        stop.set()
+        roller.join()
+    assert versions == sorted(versions) and versions[-1] > 1

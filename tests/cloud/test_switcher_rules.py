@@ -139,3 +139,39 @@ def test_a_manual_switch_overrides_the_automatic_rules() -> None:
     events = run(sw, 30, start=1)  # the phase schedule would fire at step 40, but the operator is in charge
     assert [e.trigger for e in sw.history] == ["manual", "manual"] and sw.mode == "colocated"
     assert events[-1].to_mode == "colocated"
+
+
+def test_transition_accounting_memory_does_not_grow_with_the_transitions() -> None:
+    # Found by benchmarks/soak.py: the accounting kept every consumed id, ~57 MB per hour of a CartPole run.
+    import tracemalloc
+    from types import SimpleNamespace
+
+    from cloud.switching._switcher import Accounting
+
+    accounting = Accounting()
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        for u in range(20_000):  # half an hour of 4 envs x 32 steps per update at 11 updates/s
+            seq = np.arange(u * 32, (u + 1) * 32)[:, None].repeat(4, axis=1)
+            accounting.consume(SimpleNamespace(source="colocated:0", size=128, worker=np.arange(4), seq=seq))
+        grown = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert accounting.check() == {"consumed": 20_000 * 128, "duplicates": 0, "gaps": 0}
+    assert grown < 1 << 20, f"{grown:,} bytes for 2.56 M transitions"
+
+
+def test_transition_accounting_counts_duplicates_and_gaps_as_every_id_would() -> None:
+    from cloud.switching._switcher import SeqIntervals
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        parts = [rng.integers(0, 60, size=int(rng.integers(1, 12))) for _ in range(int(rng.integers(1, 8)))]
+        seen = SeqIntervals()
+        for part in parts:
+            seen.add(part)
+        ids = np.sort(np.concatenate(parts))
+        unique = np.unique(ids)
+        assert seen.duplicates == int(np.sum(ids[1:] == ids[:-1]))
+        assert seen.gaps == int(unique[-1] - unique[0] + 1 - unique.size)

@@ -7,6 +7,8 @@ Lambda-compatible runtime invoked with boto3, the control endpoint over loopback
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -161,3 +163,52 @@ def test_fragment_mode_env_services_act_with_the_exported_policy(tmp_path: Path)
     assert accounting["produced"] == accounting["consumed"] == 256 * 8
     assert accounting["duplicates"] == 0 and accounting["gaps"] == 0
     assert (tmp_path / "run" / "keys" / "strata-signing.pub").exists()  # the hosts verified bundles with it
+
+
+def child_pids(needle: str) -> list[int]:
+    """Processes this test process started whose command line contains `needle` (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and needle in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_warm_mode_whose_services_died_while_idle_is_started_anew_by_the_next_switch(tmp_path: Path) -> None:
+    # Found by benchmarks/soak.py: the switch used to fail and stop the whole run with SwitchError.
+    run_dir = tmp_path / "run"
+    done: list[Any] = []
+    errors: list[BaseException] = []
+    lines: list[str] = []
+
+    def driver() -> None:
+        try:
+            client = client_for(run_dir)
+            wait_for(lambda: (client.status().get("policy_version") or 0) >= 2)
+            services = child_pids("envs serve")
+            assert len(services) == 2, services
+            for pid in services:
+                os.kill(pid, signal.SIGKILL)
+            done.append(client.switch("decoupled"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=driver)
+    thread.start()
+    result = train(env_id="CartPole-v1", total_steps=128 * 60, run_dir=run_dir, seed=1,
+                   config=PPOConfig(num_envs=4, num_steps=32, update_epochs=1),
+                   switching=SwitchingConfig(modes=("sync", "decoupled")), log=lines.append)
+    thread.join(timeout=60)
+    assert not errors, errors
+    assert [(e.from_mode, e.to_mode) for e in result.switches] == [("sync", "decoupled")]
+    assert any("the warm decoupled source failed to start" in line for line in lines), lines
+    assert result.global_step == 128 * 60
+    accounting = result.accounting
+    assert accounting is not None
+    assert accounting["produced"] == accounting["consumed"] == result.global_step
+    assert accounting["duplicates"] == 0 and accounting["gaps"] == 0

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -242,3 +245,38 @@ def test_strata_envs_serve_refuses_an_unknown_env() -> None:
     result = run_strata("envs", "serve", "--env", "NoSuchEnv-v0", "--duration", "1", timeout=60)
     assert result.returncode == 2
     assert "strata envs serve: error: --env 'NoSuchEnv-v0': is not a registered gymnasium env" in result.stderr
+
+
+class _Stop(BaseException):
+    """What a stop-signal handler raises (as `strata train`'s does)."""
+
+
+@pytest.mark.parametrize("call", ["reset", "step"])
+def test_a_stop_signal_during_calls_never_leaves_the_channel_unclosable(service: EnvService, call: str) -> None:
+    # Found by benchmarks/soak.py: a SIGTERM raised inside a waiting gRPC call orphaned it, and the trainer then
+    # hung for ever closing the channel after its stop line (about one stop in three).
+    def stop(signum: int, frame: Any) -> None:
+        raise _Stop
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    rng = np.random.default_rng(0)
+    hung = 0
+    try:
+        for _ in range(20):
+            client = EnvServiceClient(service.address, timeout_s=10.0)
+            client.reset()
+            threading.Timer(float(rng.uniform(0.01, 0.1)),
+                            lambda: signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)).start()
+            with contextlib.suppress(_Stop):
+                while True:
+                    if call == "reset":
+                        client.reset()
+                    else:
+                        client.step(np.zeros(4, dtype=np.int64))
+            closer = threading.Thread(target=client.close, daemon=True)
+            closer.start()
+            closer.join(timeout=30)
+            hung += closer.is_alive()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert hung == 0, f"{hung} of 20 channels could not be closed"
