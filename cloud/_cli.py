@@ -499,14 +499,18 @@ def _runs(args: argparse.Namespace, checked: None) -> int:
 
 def _export_check(args: argparse.Namespace) -> Any:
     """The checkpoint loads and its policy rebuilds; the key reads; the device flags fit the tier."""
+    from cloud.runs._checkpoint import latest_checkpoint
     from cloud.runs._export import check_export
-    from device import ConfigError, load_signing_key
+    from device import ConfigError, load_signing_key, shown
 
     device_only = [flag for flag, value in (("--weights", args.weights), ("--distill-steps", args.distill_steps))
                    if value is not None]
     if device_only and args.tier != "device":
         raise ConfigError(f"export: {', '.join(device_only)} set how a micro policy is distilled and do nothing "
                           f"with --tier {args.tier}; add --tier device or drop them")
+    if args.version is None and latest_checkpoint(args.run) is None:
+        raise ConfigError(f"--run {shown(str(args.run))} has no checkpoints; train one first with "
+                          "`strata train --run-dir DIR ...`")
     state = check_export(args.run, args.version, device=args.tier == "device")
     key = load_signing_key(args.key) if args.key is not None else None
     return state, key

@@ -93,7 +93,7 @@ def test_a_negative_phase_steps_is_refused(tmp_path: Path) -> None:
     result = run_strata("train", "--env", "CartPole-v1", "--total-steps", "64", "--run-dir", str(tmp_path / "r"),
                         "--modes", "sync", "colocated", "--phase-steps", "-1", *TINY)
     assert result.returncode == 2
-    assert "strata train: error: SwitchRules: phase_steps must be >= 0 env steps, got -1" in result.stderr
+    assert "strata train: error: --phase-steps '-1': must be an integer from 0 to" in result.stderr
     assert not (tmp_path / "r").exists()
 
 
@@ -116,6 +116,6 @@ def test_rolling_checkpoint_interval_must_be_seconds(value: str, tmp_path: Path)
     result = run_strata("train", "--env", "CartPole-v1", "--rolling-checkpoint-s", value, "--run-dir",
                         str(tmp_path / "r"))
     assert result.returncode == 2, result.stderr
-    assert (f"argument --rolling-checkpoint-s: '{value}' is not a number of seconds >= 0; pass one such as 1.0"
+    assert (f"strata train: error: --rolling-checkpoint-s '{value}': must be a finite number of seconds from 0 to 86400"
             in result.stderr)
     assert "Traceback" not in result.stderr and not (tmp_path / "r").exists()
