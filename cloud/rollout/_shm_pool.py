@@ -27,12 +27,15 @@ episode's truncation (see `cloud.rollout._colocated` for exactly what is returne
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import enum
 import logging
 import multiprocessing as mp
+import multiprocessing.util  # its exit hook is registered first, so ours (below) runs before it
 import os
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from copy import deepcopy
 from dataclasses import dataclass, field
@@ -152,6 +155,21 @@ def _refuse_arguments(*, env_fns: Sequence[EnvFn] | None, vector_env_fns: Sequen
         )
 
 
+_LIVE_POOLS: weakref.WeakSet[SharedMemoryVectorEnv] = weakref.WeakSet()
+
+
+@atexit.register  # registered after multiprocessing's own exit hook, so it runs before it (atexit is LIFO)
+def _close_live_pools() -> None:
+    """At interpreter exit, stop the workers of every pool left open (an uncaught KeyboardInterrupt, say).
+
+    A worker ignores SIGTERM while its parent lives (`_pool_worker.quiet_on_group_signals`), so multiprocessing's
+    own exit hook, which terminates and then joins daemonic children, would wait for them for ever.
+    """
+    for pool in list(_LIVE_POOLS):
+        with contextlib.suppress(Exception):
+            pool.close(terminate=True)
+
+
 class SharedMemoryVectorEnv(VectorEnv):
     """See `cloud.rollout._colocated.SharedMemoryVectorEnv` for the documentation of this class."""
 
@@ -177,6 +195,7 @@ class SharedMemoryVectorEnv(VectorEnv):
         self._workers: list[_Worker] = []
         self._in_flight: dict[int, float] = {}
         self._pending_control: tuple[str, list[int]] | None = None
+        _LIVE_POOLS.add(self)
         _refuse_arguments(env_fns=env_fns, vector_env_fns=vector_env_fns, worker=worker,
                           max_concurrency=max_concurrency, context=context, config=config)
         self.autoreset_mode = AutoresetMode(autoreset_mode)
