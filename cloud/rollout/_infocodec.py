@@ -9,6 +9,7 @@ supported keys. Anything else is refused with a message that names its type.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -25,6 +26,8 @@ def encode_info(value: Any) -> bytes:
     arrays: dict[str, np.ndarray] = {}
 
     def enc(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):  # NaN and infinities are not JSON: sent by name
+            return {"__f__": str(float(x))}
         if x is None or isinstance(x, bool | str | int | float):
             return x
         if isinstance(x, np.ndarray):
@@ -40,7 +43,7 @@ def encode_info(value: Any) -> bytes:
             if x.dtype.kind not in "biuf":
                 raise InfoEncodingError(f"SharedMemoryVectorEnv: an info holds a numpy {x.dtype} scalar; "
                                         "only numeric and bool scalars cross the worker boundary")
-            return {"__s__": x.dtype.str, "v": x.item()}
+            return {"__s__": x.dtype.str, "v": enc(x.item())}
         if isinstance(x, tuple):
             return {"__t__": [enc(v) for v in x]}
         if isinstance(x, list):
@@ -68,7 +71,9 @@ def decode_info(data: bytes | bytearray | memoryview) -> Any:
         if "__s__" in x:
             if not isinstance(x["__s__"], str) or not _SCALAR_DTYPE.fullmatch(x["__s__"]):
                 raise InfoEncodingError(f"SharedMemoryVectorEnv: bad scalar dtype {x['__s__']!r} on the info channel")
-            return np.dtype(x["__s__"]).type(x["v"])
+            return np.dtype(x["__s__"]).type(_number(x["v"]))
+        if "__f__" in x:
+            return _number(x)
         if "__t__" in x:
             return tuple(dec(v) for v in x["__t__"])
         if "__d__" in x:
@@ -81,6 +86,15 @@ def decode_info(data: bytes | bytearray | memoryview) -> Any:
         raise InfoEncodingError(f"SharedMemoryVectorEnv: unknown node {sorted(x)} on the info channel")
 
     return dec(meta["tree"])
+
+
+def _number(x: Any) -> Any:
+    """A scalar's value: itself, or a non-finite float sent by name (``{"__f__": "nan"}``)."""
+    if isinstance(x, dict) and "__f__" in x:
+        if x["__f__"] not in ("nan", "inf", "-inf"):
+            raise InfoEncodingError(f"SharedMemoryVectorEnv: bad float {str(x['__f__'])[:20]!r} on the info channel")
+        return float(x["__f__"])
+    return x
 
 
 def _hashable(key: Any) -> Any:

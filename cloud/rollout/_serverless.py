@@ -59,6 +59,8 @@ from typing import Any, Literal
 
 from cloud._errors import CloudError
 from device import Bundle, ConfigError, ObsPipeline, RolloutBatch
+from device._kinds import FRAME_STACK, OBS_CODEC, SEED
+from device._options import EnvId, Integer, Name, Number, Seconds, Text, Url, check_fields, declared
 from functions._errors import EventError
 from functions._events import (
     SYNC_RESPONSE_LIMIT,
@@ -97,27 +99,27 @@ class ServerlessConfig:
     """How the serverless rollout source invokes and scales rollout functions."""
 
     # what each invocation simulates
-    function_name: str = "strata-rollout"
+    function_name: str = declared(Text(max_chars=170, what="a Lambda function name or ARN"), "strata-rollout")
     """Lambda function running `functions._handlers.rollout_handler`."""
-    qualifier: str = ""
+    qualifier: str = declared(Text(max_chars=128, empty=True, what="a version or alias"), "")
     """Version or alias to invoke; empty: $LATEST."""
-    env_id: str = "CartPole-v1"
+    env_id: str = declared(EnvId(), "CartPole-v1")
     """gymnasium env id simulated by the function."""
-    env_kwargs: str = "{}"
+    env_kwargs: str = declared(Text(max_chars=65_536, what="a JSON object"), "{}")
     """gymnasium.make keyword arguments, as a JSON object."""
-    frame_stack: int = 1
+    frame_stack: int = declared(FRAME_STACK, 1)
     """Observations stacked per step by the functions' observation pipeline (device.ObsPipeline)."""
-    obs_codec: str = "raw"
+    obs_codec: str = declared(OBS_CODEC, "raw")
     """Observation codec of the pipeline and of the fragments: raw, png, webp, webp:Q, jxl or jxl:Q."""
-    envs_per_invocation: int = 8
+    envs_per_invocation: int = declared(Integer(min=1, max=4096), 8)
     """Env streams per invocation (stepped in lockstep inside the function)."""
-    steps_per_invocation: int = 256
+    steps_per_invocation: int = declared(Integer(min=1, max=10**7), 256)
     """Steps per env stream per invocation."""
-    fragment_length: int = 0
+    fragment_length: int = declared(Integer(min=0, max=10**7), 0)
     """Time steps per yielded RolloutBatch; 0: one fragment per invocation."""
-    seed: int = 0
+    seed: int = declared(SEED, 0)
     """Base seed; rollout k seeds its streams from seed + k * envs_per_invocation."""
-    source: str = "functions"
+    source: str = declared(Name(), "functions")
     """Source name in every transition id."""
     actions: Literal["greedy", "sample"] = "greedy"
     """How functions choose actions: the policy's greedy action, or a sample from its logits (training)."""
@@ -126,54 +128,60 @@ class ServerlessConfig:
     off, or for an env without an env-state codec, every invocation starts fresh episodes."""
 
     # demand and scaling
-    target_steps_per_s: float = 100_000.0
+    target_steps_per_s: float = declared(Number(min=0.0, max=1e12, min_open=True, unit="steps per second"),
+                                        100_000.0)
     """Env steps per second wanted; concurrency is derived from it and the observed throughput."""
-    min_concurrency: int = 1
+    min_concurrency: int = declared(Integer(min=1, max=100_000), 1)
     """Invocations kept in flight at least."""
-    max_concurrency: int = 8
+    max_concurrency: int = declared(Integer(min=1, max=100_000), 8)
     """Invocations in flight at most (also the connection pool size); keep it within the function's limit."""
-    scale_step: int = LAMBDA_SCALE_STEP
+    scale_step: int = declared(Integer(min=1, max=100_000), LAMBDA_SCALE_STEP)
     """Concurrency the ramp may add per scale_period_s (Lambda: 1000 environments per 10 s)."""
-    scale_period_s: float = LAMBDA_SCALE_PERIOD_S
+    scale_period_s: float = declared(Seconds(max=3600.0, positive=True), LAMBDA_SCALE_PERIOD_S)
     """Ramp period, seconds."""
-    prior_steps_per_s: float = 20_000.0
+    prior_steps_per_s: float = declared(Number(min=0.0, max=1e12, min_open=True, unit="steps per second"),
+                                       20_000.0)
     """Assumed env steps/s of one invocation before any has been observed."""
-    cold_start_s: float = 1.0
+    cold_start_s: float = declared(Seconds(max=3600.0), 1.0)
     """Assumed cold-start cost before one has been observed; scaling up is skipped when the work left
     would be done before new instances could start."""
 
     # invocation
     invocation: Literal["sync", "async"] = "sync"
     """``sync``: RequestResponse; ``async``: Event, results through S3 (needs result_bucket)."""
-    function_timeout_s: float = 60.0
+    function_timeout_s: float = declared(Seconds(max=900.0, positive=True), 60.0)
     """The function's timeout; the read timeout is set above it."""
-    memory_mb: int = 1769
+    memory_mb: int = declared(Integer(min=128, max=10_240, unit="MB"), 1769)
     """The function's memory size, for GB-seconds and cost (1769 MB = one vCPU)."""
-    max_retries: int = 8
+    max_retries: int = declared(Integer(min=0, max=1000), 8)
     """strata's own retries of throttled / 5xx invocations (SDK retries are off)."""
-    max_reissues: int = 3
+    max_reissues: int = declared(Integer(min=0, max=1000), 3)
     """Times one rollout is re-issued after function errors (timeouts, crashes) before giving up."""
-    lambda_endpoint_url: str = ""
+    lambda_endpoint_url: str = declared(Url(schemes=("http", "https"), path=True, empty=True), "")
     """Lambda endpoint (a local runtime's URL); empty: AWS_ENDPOINT_URL_LAMBDA or AWS itself."""
-    region: str = ""
+    region: str = declared(Text(max_chars=64, empty=True, what="an AWS region"), "")
     """AWS region; empty: boto3's default resolution."""
     unsigned: bool = False
     """Invoke without signing (no AWS credentials needed): only for strata's local function runtime."""
-    result_bucket: str = ""
+    result_bucket: str = declared(Text(max_chars=63, empty=True, what="an S3 bucket name"), "")
     """S3 bucket for async results, results over 6 MB and bundles too large to inline."""
-    result_prefix: str = "strata-rollouts/"
+    result_prefix: str = declared(Text(max_chars=512, empty=True, what="an S3 key prefix"), "strata-rollouts/")
     """Key prefix of results in result_bucket."""
-    inline_bundle_bytes: int = 256 * 1024
+    inline_bundle_bytes: int = declared(Integer(min=0, max=6 * 1024 * 1024, unit="bytes"), 256 * 1024)
     """Largest bundle sent inline in the event; larger ones go to S3."""
-    async_result_timeout_s: float = 120.0
+    async_result_timeout_s: float = declared(Seconds(max=86_400.0, positive=True), 120.0)
     """How long an async rollout's result may take before the rollout is re-issued."""
-    async_poll_s: float = 0.05
+    async_poll_s: float = declared(Seconds(max=60.0, positive=True), 0.05)
     """Interval between S3 polls for async results."""
-    failure_queue_url: str = ""
+    failure_queue_url: str = declared(Url(schemes=("http", "https"), path=True, empty=True), "")
     """SQS queue of the function's on-failure destination (async): failed rollouts are read from it, counted and
     re-issued; empty: a failed async rollout is noticed only when async_result_timeout_s runs out."""
 
     def __post_init__(self) -> None:
+        try:
+            check_fields(self)
+        except ConfigError as exc:
+            raise ServerlessError(str(exc)) from None
         if not 1 <= self.min_concurrency <= self.max_concurrency:
             raise ServerlessError(f"ServerlessConfig: need 1 <= min_concurrency <= max_concurrency, got "
                                   f"{self.min_concurrency} and {self.max_concurrency}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,4 +75,37 @@ def test_a_unit_killed_without_restarts_stops_the_run_with_a_checkpoint_and_no_o
     assert proc.returncode != 0, out
     assert "strata train: stopped by " in out and "resume with: strata train" in out and "--resume" in out
     assert load_checkpoint(latest_checkpoint(run))["version"] >= reached  # written by the stop, not periodically
+    _wait_for("no process of the run left", lambda: not _pids_with(marker), timeout=60)
+
+
+@pytest.mark.slow
+def test_sigterm_to_both_torchrun_nodes_stops_every_unit_with_one_resume_command_and_no_traceback(
+        tmp_path: Path) -> None:
+    # What a service manager does when it stops the run on each node: SIGTERM to each node's torchrun agent.
+    from tests.cloud.test_hybrid import _free_port, _torchrun
+
+    run, port = tmp_path / "run", _free_port()
+    marker = f"hybrid-term-{port}"
+    nodes = [_torchrun(node, port, run, "--total-steps", str(10_000 * 64), "--seed", "3", marker=marker)
+             for node in (0, 1)]
+    try:
+        reached = _wait_for("policy version 3", _status_when(
+            run, lambda s: len(s.get("units", [])) == 2 and s["policy_version"] >= 3))["policy_version"]
+        for node in nodes:
+            node.send_signal(signal.SIGTERM)
+        outputs = [node.communicate(timeout=120)[0] for node in nodes]
+    except BaseException:
+        for node in nodes:
+            node.kill()
+            print(node.communicate()[0])
+        raise
+    everything = "\n".join(outputs)
+    assert all(node.returncode != 0 for node in nodes), everything
+    # The units print no traceback; torchrun's own agent (torch's code, not strata's) reports the signal it got
+    # with its SignalException traceback, once per node.
+    assert everything.count("Traceback") == everything.count("multiprocessing.api.SignalException: Process"), everything
+    assert not re.search(r'File "[^"]*/(cloud|functions|device|edge|infra)/[^"]*\.py"', everything), everything
+    assert "Connection closed by peer" not in everything, everything
+    assert everything.count("resume with: strata train") == 1, everything
+    assert load_checkpoint(latest_checkpoint(run))["version"] >= reached
     _wait_for("no process of the run left", lambda: not _pids_with(marker), timeout=60)

@@ -31,3 +31,12 @@ def test_infos_round_trip_with_types() -> None:
 def test_unsupported_values_are_refused_by_type() -> None:
     with pytest.raises(InfoEncodingError, match=re.escape("an env's info holds a set")):
         encode_info({"bad": {1, 2}})
+
+
+def test_non_finite_floats_and_numpy_scalars_cross_as_names() -> None:
+    value = {"nan": float("nan"), "inf": float("inf"), "ninf": -float("inf"), "f32": np.float32("nan"),
+             "f64": np.float64("-inf")}
+    back = decode_info(encode_info(value))
+    assert np.isnan(back["nan"]) and back["inf"] == float("inf") and back["ninf"] == -float("inf")
+    assert type(back["f32"]) is np.float32 and np.isnan(back["f32"])
+    assert back["f64"] == -np.inf  # np.float64 is a float: it crosses as one (as a finite one always did)
