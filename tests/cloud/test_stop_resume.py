@@ -532,13 +532,17 @@ def test_the_newest_checkpoint_of_a_live_run_is_loaded_while_rolling_ones_come_a
 
     from cloud.runs._checkpoint import load_latest_checkpoint
 
-    save_checkpoint(tmp_path, {"version": 1, "weights": torch.zeros(1000)})
+    def state(version: int) -> dict[str, Any]:  # the fields every checkpoint holds (load_checkpoint checks them)
+        return {"version": version, "global_step": 128 * version, "env_id": "CartPole-v1", "config": {},
+                "weights": torch.zeros(1000)}
+
+    save_checkpoint(tmp_path, state(1))
     stop = threading.Event()
 
     def roll() -> None:
         version = 1
         while not stop.is_set():
-            save_checkpoint(tmp_path, {"version": version + 1, "weights": torch.zeros(1000)}, durable=False)
+            save_checkpoint(tmp_path, state(version + 1), durable=False)
             (tmp_path / "checkpoints" / f"{version:09d}.pt").unlink()
             version += 1
 
