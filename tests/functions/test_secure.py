@@ -65,6 +65,8 @@ def secure_service(run_certs: Path) -> Iterator[EnvService]:
 
 
 def test_run_certificates_name_their_role_and_hosts_and_keep_keys_private(tmp_path: Path) -> None:
+    # 10.9.0.x here are names written into certificates (a host's address inside a test's network namespace), never
+    # a network target: nothing connects anywhere in this test.
     written = issue_run_certificates(tmp_path / "c", roles={"env": ["10.9.0.2", "envs.strata.svc"]}, run="r1")
     material = check_tls_files(written.ca_cert, written.roles["env"] / "tls.crt", written.roles["env"] / "tls.key",
                                call="test")
@@ -126,6 +128,7 @@ def _expired_copy(run: Path) -> bytes:
 
 
 def test_strata_certs_writes_the_secret_layout_and_refuses_bad_input(tmp_path: Path) -> None:
+    # 10.9.0.1 is only a name in a certificate (no connection is made).
     out = tmp_path / "certs"
     ok = run_strata("certs", "--out", str(out), "--role", "learner=10.9.0.1", "--role", "env=envs.strata.svc")
     assert ok.returncode == 0, ok.stderr
