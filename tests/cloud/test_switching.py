@@ -148,7 +148,7 @@ def test_switch_status_and_runs_from_the_cli(tmp_path: Path) -> None:
     after = run_strata("runs", "--root", str(root))
     assert "stopped" in after.stdout and "decoupled" in after.stdout
     missing = run_strata("status", str(tmp_path / "nothing"))
-    assert missing.returncode == 2 and "control.json is missing" in missing.stderr
+    assert missing.returncode == 2 and "': does not exist; pass an existing run folder" in missing.stderr
 
 
 def test_fragment_mode_env_services_act_with_the_exported_policy(tmp_path: Path) -> None:
