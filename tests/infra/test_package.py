@@ -35,18 +35,17 @@ def test_the_deployed_handlers_exist_in_the_functions_tier() -> None:
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    ({"memory_mb": 20000}, "DeployConfig.memory_mb=20000 is outside Lambda's range: set --memory-mb between 128 "
-                           "and 10240"),
-    ({"memory_mb": 64}, "DeployConfig.memory_mb=64 is outside Lambda's range"),
-    ({"timeout_s": 1200}, "DeployConfig.timeout_s=1200 is outside Lambda's range: set --timeout-s between 1 and "
-                          "900 (Lambda's maximum, 15 minutes)"),
-    ({"timeout_s": 0}, "DeployConfig.timeout_s=0 is outside Lambda's range"),
-    ({"reserved_concurrency": -1}, "DeployConfig.reserved_concurrency=-1 is negative"),
-    ({"stage": "Prod_1"}, "DeployConfig.stage='Prod_1' is not a valid stage name"),
-    ({"edge_nodes": ("ok", "bad/node")}, "node id 'bad/node' cannot name an IoT thing"),
-    ({"edge_nodes": ("a", "a")}, "DeployConfig.edge_nodes=['a', 'a'] lists a node twice"),
-    ({"fleet": "a/b"}, "DeployConfig.fleet='a/b' cannot be an MQTT topic segment"),
-    ({"bucket": "Not_A_Bucket"}, "DeployConfig.bucket='Not_A_Bucket' is not a valid S3 bucket name"),
+    ({"memory_mb": 20000}, "DeployConfig.memory_mb 20000: must be a whole number of MB from 128 to 10240"),
+    ({"memory_mb": 64}, "DeployConfig.memory_mb 64: must be a whole number of MB from 128 to 10240"),
+    ({"timeout_s": 1200}, "DeployConfig.timeout_s 1200: must be a whole number of seconds from 1 to 900"),
+    ({"timeout_s": 0}, "DeployConfig.timeout_s 0: must be a whole number of seconds from 1 to 900"),
+    ({"reserved_concurrency": -1}, "DeployConfig.reserved_concurrency -1: must be an integer from 0 to"),
+    ({"stage": "Prod_1"}, "DeployConfig.stage 'Prod_1': must be a stage name: 1-20 lowercase letters"),
+    ({"edge_nodes": ("ok", "bad/node")}, "DeployConfig.edge_nodes ('ok', 'bad/node'): item 'bad/node' must be 1-64 "
+                                         "letters"),
+    ({"edge_nodes": ("a", "a")}, "DeployConfig.edge_nodes ('a', 'a'): names 'a' twice"),
+    ({"fleet": "a/b"}, "DeployConfig.fleet 'a/b': must be 1-64 letters, digits"),
+    ({"bucket": "Not_A_Bucket"}, "DeployConfig.bucket 'Not_A_Bucket': must be an S3 bucket name"),
 ])
 def test_config_checks_name_the_value_and_the_fix(overrides: dict[str, object], message: str) -> None:
     with pytest.raises(DeployConfigError, match=re.escape(message)):

@@ -66,7 +66,7 @@ def test_every_command_announces_where_it_acts_and_a_stage_stays_in_its_region(
     # Asking for another region explicitly would build a second copy there: refused, one line.
     r = run_strata("infra", "apply", "--stage", "smoke", "--state-dir", str(state), "--region", "us-west-2")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert r.stderr.startswith("strata infra: error: stage 'smoke' is deployed in eu-west-1 (")
+    assert r.stderr.startswith("strata infra apply: error: stage 'smoke' is deployed in eu-west-1 (")
     assert "but this run resolves region us-west-2 (--region); pass --region eu-west-1" in r.stderr
     r = run_strata("infra", "destroy", "--stage", "smoke", "--state-dir", str(state), "--yes")
     assert r.returncode == 0, r.stderr

@@ -66,9 +66,8 @@ def test_the_cli_refuses_a_bad_stage_before_it_reads_or_writes_anything(
     state = tmp_path / "state"
     extra = [] if command[0] == "template" else ["--state-dir", str(state)]
     r = run_strata("infra", *command, "--stage", stage, *extra, cwd=tmp_path)
-    one_error_line(r, "strata infra: error: ")
-    assert "is not a valid stage name: use 1-20 lowercase letters, digits or '-'" in r.stderr
-    assert repr(stage) in r.stderr
+    one_error_line(r, f"strata infra {command[0]}: error: --stage {stage!r}: must be a stage name: 1-20 lowercase "
+                      "letters, digits or '-'")
     assert not state.exists() and not (tmp_path / "t.json").exists()
 
 
@@ -76,41 +75,40 @@ def test_functions_serve_refuses_options_that_do_nothing_and_unknown_stages(aws_
                                                                             tmp_path: Path) -> None:
     env = {"TMPDIR": str(tmp_path)}
     r = run_strata("functions", "serve", "--port", "0", "--stage", "dev", env=env)
-    one_error_line(r, "strata functions: error: --stage 'dev' names a deployed stage and does nothing without "
+    one_error_line(r, "strata functions serve: error: --stage 'dev' names a deployed stage and does nothing without "
                       "--from-endpoint URL")
     r = run_strata("functions", "serve", "--port", "0", "--from-endpoint", aws_env.url, "--function",
                    "f=functions._handlers.ping_handler", env=env)
-    one_error_line(r, "strata functions: error: --function 'f=functions._handlers.ping_handler' does nothing with "
-                      "--from-endpoint")
+    one_error_line(r, "strata functions serve: error: --function 'f=functions._handlers.ping_handler' does nothing "
+                      "with --from-endpoint")
     for stage in ("../x", "", "a/b"):
         r = run_strata("functions", "serve", "--port", "0", "--from-endpoint", aws_env.url, "--stage", stage, env=env)
-        one_error_line(r, "strata functions: error: --stage must be 1-64 letters")
+        one_error_line(r, f"strata functions serve: error: --stage {stage!r}: must be a stage name")
     r = run_strata("functions", "serve", "--port", "0", "--from-endpoint", aws_env.url, "--stage", "Dev", env=env)
-    one_error_line(r, "strata functions: error: --stage='Dev' is not a valid stage name")
+    one_error_line(r, "strata functions serve: error: --stage 'Dev': must be a stage name")
     # A stage that is not deployed at the endpoint: an error, not a server with no functions.
     r = run_strata("functions", "serve", "--port", "0", "--from-endpoint", aws_env.url, "--stage", "nope", env=env)
-    one_error_line(r, f"strata functions: error: functions serve --from-endpoint '{aws_env.url}': stage 'nope' has "
-                      "no functions there; deploy it with `strata infra apply --stage nope`")
+    one_error_line(r, f"strata functions serve: error: functions serve --from-endpoint '{aws_env.url}': stage "
+                      "'nope' has no functions there; deploy it with `strata infra apply --stage nope`")
     assert list(tmp_path.iterdir()) == []  # no unpacked-deployment folder left behind
 
 
 @pytest.mark.parametrize("value", ["0", "-3"])
 def test_functions_serve_refuses_an_account_concurrency_that_throttles_everything(value: str) -> None:
     r = run_strata("functions", "serve", "--port", "0", "--account-concurrency", value)
-    one_error_line(r, f"strata functions: error: RuntimeConfig: account_concurrency must be 1 or more (every "
-                      f"invocation would be throttled), got {value}")
+    one_error_line(r, f"strata functions serve: error: --account-concurrency '{value}': must be an integer from 1 to")
 
 
 def test_an_alias_to_a_missing_version_is_refused_at_start() -> None:
     r = run_strata("functions", "serve", "--port", "0", "--function",
                    "f=functions._handlers.ping_handler,versions=1,alias=live:2")
-    one_error_line(r, "strata functions: error: FunctionSpec('f'): alias 'live' points at version '2', which is "
+    one_error_line(r, "strata functions serve: error: FunctionSpec('f'): alias 'live' points at version '2', which is "
                       "not published (versions: 1)")
 
 
 def test_rollback_of_a_stage_never_applied_is_an_error(aws_env: MotoServer, tmp_path: Path) -> None:
     r = run_strata("infra", "rollback", "--stage", "ghost", "--state-dir", str(tmp_path / "state"), "--yes")
-    one_error_line(r, "strata infra: error: rollback: stage 'ghost' has no recorded aliases")
+    one_error_line(r, "strata infra rollback: error: rollback: stage 'ghost' has no recorded aliases")
 
 
 def test_infra_plan_with_an_empty_stage_is_refused_not_read_as_dev(aws_env: MotoServer, tmp_path: Path,
@@ -118,5 +116,5 @@ def test_infra_plan_with_an_empty_stage_is_refused_not_read_as_dev(aws_env: Moto
     state = tmp_path / "state"
     assert run_strata("infra", "apply", *flags(state, cache_dir, source_snapshot)[2:], "--stage", "dev").returncode == 0
     r = run_strata("infra", "plan", "--stage", "", "--state-dir", str(state))
-    one_error_line(r, "strata infra: error: --stage='' is not a valid stage name")
+    one_error_line(r, "strata infra plan: error: --stage '': must be a stage name")
     assert sorted(os.listdir(state)) == ["dev", "dev.json"]
