@@ -192,7 +192,10 @@ class EdgeAgentConfig:
     """What a full outbox drops; drops are counted and reported."""
 
     def __post_init__(self) -> None:
-        check_fields(self)
+        try:
+            check_fields(self)
+        except ConfigError as exc:  # the same line, as the agent's own config error type
+            raise EdgeConfigError(str(exc)) from None
         check_segment(self.fleet, "fleet")
         check_segment(self.node_id, "node id")
         if self.policy is not None:
