@@ -34,8 +34,10 @@ def test_failed_async_rollouts_are_counted_and_reissued_without_waiting_for_the_
         with ServerlessRolloutSource(cfg) as source:
             batches = list(source.fragments(count=8))
         assert_exactly_once(batches, 4, cfg)
-        assert source.stats.async_failures == 4 == source.stats.reissued  # every rollout failed once, first
-        assert source.stats.summary()["async_failures"] == 4
-        assert rt.stats["strata-rollout"].async_failures == 4
+        # Every rollout failed once, first; one still in flight when the source stopped may have failed too (how
+        # many the source had issued ahead depends on the machine's speed).
+        assert source.stats.async_failures == source.stats.reissued >= 4
+        assert source.stats.summary()["async_failures"] == source.stats.async_failures
+        assert rt.stats["strata-rollout"].async_failures >= source.stats.async_failures
     left = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1).get("Messages", [])
     assert [m["Body"] for m in left] == ['{"requestPayload": {"rollout_id": "other-run-00000001"}}']
