@@ -33,7 +33,7 @@ import stat
 import types
 import typing
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -763,7 +763,8 @@ def field_kind(cls: type, f: dataclasses.Field[Any]) -> Kind | None:
     return None
 
 
-def check_fields(obj: Any, *, names: Sequence[str] | None = None) -> None:
+def check_fields(obj: Any, *, names: Sequence[str] | None = None,
+                 error: Callable[[str], Exception] | None = None) -> None:
     """Check every declared field of the dataclass instance `obj` against its kind (None means "not set").
 
     Config dataclasses call this first in ``__post_init__``, so a value built in code, read from a checkpoint or
@@ -771,8 +772,10 @@ def check_fields(obj: Any, *, names: Sequence[str] | None = None) -> None:
     (`Kind.check_form`): what a path points at and whether an env id is registered are checked where the value
     is given (flag, file, variable) and by the command's own check, not every time a config is built.
 
+    `error` makes the refusal the config's own error type (same text), e.g. ``error=EdgeConfigError``.
+
     Raises:
-        ConfigError: ``ClassName.field 'VALUE': must be ...``.
+        ConfigError: ``ClassName.field 'VALUE': must be ...`` (or `error` of that text).
     """
     cls = type(obj)
     for f in dataclasses.fields(obj):
@@ -787,4 +790,5 @@ def check_fields(obj: Any, *, names: Sequence[str] | None = None) -> None:
         try:
             kind.check_form(value)
         except Refused as exc:
-            raise refusal(f"{cls.__name__}.{f.name}", value, str(exc)) from None
+            refused = refusal(f"{cls.__name__}.{f.name}", value, str(exc))
+            raise (refused if error is None else error(str(refused))) from None

@@ -192,10 +192,7 @@ class EdgeAgentConfig:
     """What a full outbox drops; drops are counted and reported."""
 
     def __post_init__(self) -> None:
-        try:
-            check_fields(self)
-        except ConfigError as exc:  # the same line, as the agent's own config error type
-            raise EdgeConfigError(str(exc)) from None
+        check_fields(self, error=EdgeConfigError)
         check_segment(self.fleet, "fleet")
         check_segment(self.node_id, "node id")
         if self.policy is not None:

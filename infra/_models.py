@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeAlias
 
-from device import ConfigError, KeyFileError, is_identifier, mqtt_client_id, shown
+from device import KeyFileError, is_identifier, mqtt_client_id, shown
 from device._keys import parse_public_keys, read_public_key_file
 from device._kinds import FLEET, STAGE, PublicKeyText
 from device._options import (
@@ -132,10 +132,7 @@ class DeployConfig:
     """Edge node ids; each gets an IoT thing, a certificate and a policy granting what its clients do on MQTT."""
 
     def __post_init__(self) -> None:
-        try:
-            check_fields(self)
-        except ConfigError as exc:  # the same line, as the deployment's own error type
-            raise DeployConfigError(str(exc)) from None
+        check_fields(self, error=DeployConfigError)
 
     def cache_path(self) -> Path:
         """The dependency cache folder (`cache_dir` or the default)."""

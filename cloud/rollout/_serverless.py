@@ -178,10 +178,7 @@ class ServerlessConfig:
     re-issued; empty: a failed async rollout is noticed only when async_result_timeout_s runs out."""
 
     def __post_init__(self) -> None:
-        try:
-            check_fields(self)
-        except ConfigError as exc:
-            raise ServerlessError(str(exc)) from None
+        check_fields(self, error=ServerlessError)
         if not 1 <= self.min_concurrency <= self.max_concurrency:
             raise ServerlessError(f"ServerlessConfig: need 1 <= min_concurrency <= max_concurrency, got "
                                   f"{self.min_concurrency} and {self.max_concurrency}")
